@@ -1,1 +1,1 @@
-
+from keras_mogrifier.initializers.chrono_initializer import ChronoInitializer

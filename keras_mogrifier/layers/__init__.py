@@ -1,1 +1,6 @@
-
+from keras_mogrifier.layers.mogrifier import Mogrifier
+from keras_mogrifier.layers.mogrifier import MogrifierFactorInitializer
+from keras_mogrifier.layers.mogrifier_lstm import MogrifierLSTM
+from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
+from keras_mogrifier.layers.rlstm import RLSTM
+from keras_mogrifier.layers.rlstm_cell import RLSTMCell
