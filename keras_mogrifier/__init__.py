@@ -1,6 +1,7 @@
 """keras_mogrifier: strong recurrent language models for Keras 3."""
 
 from keras_mogrifier.initializers import ChronoInitializer
+from keras_mogrifier.layers import DualOutput
 from keras_mogrifier.layers import Mogrifier
 from keras_mogrifier.layers import MogrifierLSTM
 from keras_mogrifier.layers import MogrifierLSTMCell

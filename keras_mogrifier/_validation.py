@@ -73,3 +73,21 @@ def one_of(name, value, choices):
             f"Received: {name}={value!r}"
         )
     return value
+
+
+def token_ids(name, ids, vocabulary_size):
+    """Checks a NumPy array of token ids: integers in [0, vocabulary_size)."""
+    ids = np.asarray(ids)
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(
+            f"Expected `{name}` to hold integer token ids. "
+            f"Received: {name}.dtype={ids.dtype}"
+        )
+    if ids.size and (ids.min() < 0 or ids.max() >= vocabulary_size):
+        bad = ids[(ids < 0) | (ids >= vocabulary_size)].ravel()[0]
+        raise ValueError(
+            f"Expected `{name}` to hold token ids in [0, {vocabulary_size}). "
+            f"Received: an id {int(bad)} (min {int(ids.min())}, "
+            f"max {int(ids.max())})"
+        )
+    return ids

@@ -1,1 +1,1 @@
-
+from keras_mogrifier.models.language_model import LanguageModel

@@ -1,0 +1,572 @@
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mogrifier import _validation
+from keras_mogrifier._export import register
+from keras_mogrifier.layers.dual_output import DualOutput
+from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
+from keras_mogrifier.layers.rlstm_cell import RLSTMCell
+
+CELLS = ("lstm", "mogrifier_lstm", "rlstm", "mogrifier_rlstm")
+
+
+@register
+class LanguageModel(keras.Model):
+    """A recurrent language model: the architectures of the three papers.
+
+    Maps token ids `(batch, time)` to next-token logits
+    `(batch, time, vocabulary_size)`:
+
+    ```
+    x̂⁰ = E_in[w] ⊙ M_in                             # input (embedding) dropout
+    layer 1 reads x̂⁰; layer l > 1 reads Σ_{i<l} x̂ⁱ   # residual (or x̂ˡ⁻¹)
+    x̂ˡ = hˡ ⊙ M_cellˡ                               # cell-output dropout
+    logits = (Σ_l x̂ˡ ⊙ M_out) @ E_outᵀ + b_out       # tied: E_out = E_in
+    ```
+
+    The masks `M_in`, `M_cell`, `M_out` are drawn anew at every time step;
+    the state mask (`state_dropout`) is variational, one per sequence, inside
+    the cells. With `residual=False` the layers are plainly stacked (layer l
+    reads x̂ˡ⁻¹, the output reads the last layer). With `dual=True` the
+    output goes through a `DualOutput` that also sees the current input
+    embedding. When the summed width `units` differs from the embedding width
+    and embeddings are tied, a linear projection maps it to the embedding
+    width.
+
+    Truncated back-propagation through time: with `stateful=True` (the
+    default) the recurrent state is kept in the model's
+    `recurrent_state_variables` and carried from one call to the next; `fit`
+    resets it at the start of every epoch and `evaluate` at its start. The
+    state variables have room for `batch_size * samples` rows; a call with a
+    smaller batch uses and updates the leading rows, so the same model
+    evaluates with a batch of 1.
+
+    With `samples = D > 1`, in training every sequence is repeated D times in
+    the batch (each copy with its own dropout masks and its own carried state)
+    and the logits come out as `(batch, D, time, vocabulary_size)`, the input
+    of `IWAEDropoutLoss`. At evaluation (dropout off) the copies would be
+    identical, so one is computed: logits are `(batch, time, vocab)`.
+
+    At evaluation the logits are multiplied by the softmax temperature
+    (`temperature`, a non-trainable variable; see `search_temperature`).
+
+    Args:
+        vocabulary_size: int. Number of token ids.
+        units: int. Width of every recurrent layer. Defaults to `650`.
+        num_layers: int. Number of recurrent layers. Defaults to `2`.
+        embedding_dim: int or None. Embedding width; `None` means `units`.
+            Defaults to `None`.
+        cell: str. One of `"lstm"`, `"mogrifier_lstm"`, `"rlstm"`,
+            `"mogrifier_rlstm"`. Defaults to `"mogrifier_lstm"`.
+        mogrifier_rounds: int. Rounds of the mogrifier cells (ignored for
+            `"lstm"` and `"rlstm"`). Defaults to `5`.
+        mogrifier_rank: int or None. Rank of the mogrifier's matrices; `None`
+            for full rank. Defaults to `None`.
+        capped_input_gate: bool. `min(i, 1 − f)` in the LSTM cells (the RLSTM
+            is always capped). Defaults to `True`.
+        chrono_t_max: float or None. Chrono initialisation of the forget
+            biases. Defaults to `None`.
+        unit_forget_bias: bool. Forget biases initialised to 1 (when Chrono is
+            off). Defaults to `True`.
+        residual: bool. Residual connections (Circling Back §3) or plain
+            stacking. Defaults to `True`.
+        tie_embeddings: bool. Share the input and output embeddings (word
+            level). Defaults to `True`.
+        input_dropout: float. Dropout of the input embeddings. Defaults to
+            `0.0`.
+        cell_output_dropout: float. Dropout of each layer's output, before the
+            residual sum (inter-layer dropout when stacked plainly). Defaults
+            to `0.0`.
+        state_dropout: float. Variational dropout of the recurrent state, in
+            the cells. Defaults to `0.0`.
+        output_dropout: float. Dropout before the output layer (or of the
+            Dual head's output). Defaults to `0.0`.
+        dual: bool. Add the Dual head. Defaults to `False`.
+        dual_units: int or None. Width of the Dual head; `None` is the
+            embedding width when tied, else `units`. Defaults to `None`.
+        dual_dropout: float. Dropout of the Dual head's inputs. Defaults to
+            `0.0`.
+        samples: int. Dropout samples D per sequence in training. Defaults to
+            `1`.
+        temperature: float. Softmax temperature τ (logits × τ at
+            evaluation). Defaults to `1.0`.
+        stateful: bool. Carry the recurrent state across calls. Defaults to
+            `True`.
+        batch_size: int or None. Number of streams the state has room for
+            (per sample); `None` takes the batch size of the first call.
+            Defaults to `None`.
+        l2: float. L2 penalty on all weights (added to the loss). Defaults to
+            `0.0`.
+        initializer: initializer or None. If set, used for every weight matrix
+            and the embeddings (e.g. `RandomUniform(-0.1, 0.1)` for the small
+            Zaremba setup); `None` keeps each layer's default. Defaults to
+            `None`.
+        adaptation_units: int or None. For sparse dynamic evaluation: an
+            adaptation matrix on this many units of the layer
+            `adaptation_layer` (see `MogrifierLSTMCell`). Defaults to `None`.
+        adaptation_streams: int or None. One adaptation matrix per stream.
+            Defaults to `None`.
+        adaptation_layer: int. Index of the layer with the adaptation matrix.
+            Defaults to `-1` (the last).
+        seed: int or None. Seed of the dropout masks. Defaults to `None`.
+        **kwargs: base model keyword arguments, such as `name`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> model = LanguageModel(vocabulary_size=50, units=16, num_layers=2,
+    ...                       cell="mogrifier_rlstm", mogrifier_rank=4)
+    >>> tuple(model(np.zeros((3, 7), "int32")).shape)
+    (3, 7, 50)
+
+    Reference:
+        - [Melis, 2022](https://arxiv.org/abs/2211.01848), Circling Back to
+          Recurrent Models of Language, §3.
+        - [Melis et al., 2020](https://arxiv.org/abs/1909.01792), Mogrifier
+          LSTM.
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        units=650,
+        num_layers=2,
+        embedding_dim=None,
+        cell="mogrifier_lstm",
+        mogrifier_rounds=5,
+        mogrifier_rank=None,
+        capped_input_gate=True,
+        chrono_t_max=None,
+        unit_forget_bias=True,
+        residual=True,
+        tie_embeddings=True,
+        input_dropout=0.0,
+        cell_output_dropout=0.0,
+        state_dropout=0.0,
+        output_dropout=0.0,
+        dual=False,
+        dual_units=None,
+        dual_dropout=0.0,
+        samples=1,
+        temperature=1.0,
+        stateful=True,
+        batch_size=None,
+        l2=0.0,
+        initializer=None,
+        adaptation_units=None,
+        adaptation_streams=None,
+        adaptation_layer=-1,
+        seed=None,
+        **kwargs,
+    ):
+        v = _validation
+        vocabulary_size = v.positive_int("vocabulary_size", vocabulary_size)
+        units = v.positive_int("units", units)
+        num_layers = v.positive_int("num_layers", num_layers)
+        embedding_dim = v.optional_positive_int("embedding_dim", embedding_dim)
+        cell = v.one_of("cell", cell, CELLS)
+        mogrifier_rounds = v.non_negative_int("mogrifier_rounds", mogrifier_rounds)
+        rates = {
+            name: v.rate(name, value)
+            for name, value in (
+                ("input_dropout", input_dropout),
+                ("cell_output_dropout", cell_output_dropout),
+                ("state_dropout", state_dropout),
+                ("output_dropout", output_dropout),
+                ("dual_dropout", dual_dropout),
+            )
+        }
+        dual_units = v.optional_positive_int("dual_units", dual_units)
+        samples = v.positive_int("samples", samples)
+        temperature = v.positive_float("temperature", temperature)
+        batch_size = v.optional_positive_int("batch_size", batch_size)
+        l2 = v.non_negative_float("l2", l2)
+        if not -num_layers <= adaptation_layer < num_layers:
+            raise ValueError(
+                f"Expected `adaptation_layer` to index one of the {num_layers} "
+                f"layers. Received: adaptation_layer={adaptation_layer}"
+            )
+        super().__init__(**kwargs)
+
+        self.vocabulary_size = vocabulary_size
+        self.units = units
+        self.num_layers = num_layers
+        self.embedding_dim = embedding_dim
+        self.cell = cell
+        self.mogrifier_rounds = mogrifier_rounds
+        self.mogrifier_rank = mogrifier_rank
+        self.capped_input_gate = bool(capped_input_gate)
+        self.chrono_t_max = chrono_t_max
+        self.unit_forget_bias = bool(unit_forget_bias)
+        self.residual = bool(residual)
+        self.tie_embeddings = bool(tie_embeddings)
+        self.input_dropout = rates["input_dropout"]
+        self.cell_output_dropout = rates["cell_output_dropout"]
+        self.state_dropout = rates["state_dropout"]
+        self.output_dropout = rates["output_dropout"]
+        self.dual = bool(dual)
+        self.dual_units = dual_units
+        self.dual_dropout = rates["dual_dropout"]
+        self.samples = samples
+        self.temperature = temperature
+        self.stateful = bool(stateful)
+        self.batch_size = batch_size
+        self.l2 = l2
+        self.initializer = (
+            None if initializer is None else keras.initializers.get(initializer)
+        )
+        self.adaptation_units = adaptation_units
+        self.adaptation_streams = adaptation_streams
+        self.adaptation_layer = adaptation_layer
+        self.seed = seed
+
+        width = embedding_dim or units
+        regularizer = keras.regularizers.L2(l2) if l2 > 0 else None
+        weight_init = {} if self.initializer is None else {
+            "kernel_initializer": self.initializer,
+            "recurrent_initializer": self.initializer,
+        }
+
+        self.embedding = keras.layers.Embedding(
+            vocabulary_size,
+            width,
+            embeddings_initializer=self.initializer or "uniform",
+            embeddings_regularizer=regularizer,
+            name="embedding",
+        )
+        self.input_dropout_layer = keras.layers.Dropout(
+            self.input_dropout, seed=seed, name="input_dropout"
+        )
+        cell_class = RLSTMCell if "rlstm" in cell else MogrifierLSTMCell
+        rounds = mogrifier_rounds if cell.startswith("mogrifier") else 0
+        adapted = adaptation_layer % num_layers
+        self.recurrent_layers = []
+        self.cell_output_dropout_layers = []
+        for layer in range(num_layers):
+            cell_kwargs = dict(
+                mogrifier_rounds=rounds,
+                mogrifier_rank=mogrifier_rank if rounds else None,
+                chrono_t_max=chrono_t_max,
+                unit_forget_bias=unit_forget_bias,
+                recurrent_dropout=self.state_dropout,
+                kernel_regularizer=regularizer,
+                recurrent_regularizer=regularizer,
+                bias_regularizer=None,
+                mogrifier_initializer=self.initializer,
+                seed=None if seed is None else seed + 1 + layer,
+                name=f"cell_{layer}",
+                **weight_init,
+            )
+            if cell_class is MogrifierLSTMCell:
+                cell_kwargs["capped_input_gate"] = self.capped_input_gate
+            if adaptation_units is not None and layer == adapted:
+                cell_kwargs["adaptation_units"] = adaptation_units
+                cell_kwargs["adaptation_streams"] = adaptation_streams
+            self.recurrent_layers.append(
+                keras.layers.RNN(
+                    cell_class(units, **cell_kwargs),
+                    return_sequences=True,
+                    return_state=True,
+                    name=f"recurrent_{layer}",
+                )
+            )
+            self.cell_output_dropout_layers.append(
+                keras.layers.Dropout(
+                    self.cell_output_dropout,
+                    seed=None if seed is None else seed + 100 + layer,
+                    name=f"cell_output_dropout_{layer}",
+                )
+            )
+        dense_init = {} if self.initializer is None else {
+            "kernel_initializer": self.initializer
+        }
+        if self.dual:
+            self.dual_layer = DualOutput(
+                dual_units or (width if self.tie_embeddings else units),
+                dropout=self.dual_dropout,
+                output_dropout=self.output_dropout,
+                kernel_regularizer=regularizer,
+                seed=seed,
+                name="dual_output",
+                **dense_init,
+            )
+            head_width = self.dual_layer.units
+        else:
+            self.dual_layer = None
+            head_width = units
+        self.output_dropout_layer = keras.layers.Dropout(
+            self.output_dropout, seed=seed, name="output_dropout"
+        )
+        self.projection = (
+            keras.layers.Dense(
+                width,
+                use_bias=False,
+                kernel_regularizer=regularizer,
+                name="projection",
+                **dense_init,
+            )
+            if self.tie_embeddings and head_width != width
+            else None
+        )
+        self.output_layer = (
+            None
+            if self.tie_embeddings
+            else keras.layers.Dense(
+                vocabulary_size,
+                kernel_regularizer=regularizer,
+                name="output",
+                **dense_init,
+            )
+        )
+
+    # === Build ===
+
+    def build(self, input_shape):
+        input_shape = tuple(input_shape)
+        if len(input_shape) != 2:
+            raise ValueError(
+                "Expected token ids of shape (batch, time). "
+                f"Received: input_shape={input_shape}"
+            )
+        width = self.embedding.output_dim
+        self.embedding.build(input_shape)
+        size = width
+        for rnn in self.recurrent_layers:
+            rnn.build((None, None, size))
+            size = self.units
+        head = self.units
+        if self.dual_layer is not None:
+            self.dual_layer.build([(None, None, width), (None, None, self.units)])
+            head = self.dual_layer.units
+        if self.projection is not None:
+            self.projection.build((None, None, head))
+            head = width
+        if self.output_layer is not None:
+            self.output_layer.build((None, None, head))
+            self.output_bias = None
+        else:
+            self.output_bias = self.add_weight(
+                shape=(self.vocabulary_size,),
+                initializer="zeros",
+                name="output_bias",
+            )
+        self.temperature_variable = self.add_weight(
+            shape=(),
+            initializer=keras.initializers.Constant(self.temperature),
+            trainable=False,
+            name="temperature",
+        )
+        self.recurrent_state_variables = []
+        if self.stateful:
+            batch = self.batch_size or input_shape[0]
+            if batch is None:
+                raise ValueError(
+                    "A stateful LanguageModel needs a known batch size: pass "
+                    "`batch_size=` or build it on inputs with a static batch "
+                    f"dimension. Received: input_shape={input_shape}"
+                )
+            self.state_capacity = batch * self.samples
+            for layer in range(self.num_layers):
+                for name in ("h", "c"):
+                    self.recurrent_state_variables.append(
+                        self.add_weight(
+                            shape=(self.state_capacity, self.units),
+                            initializer="zeros",
+                            trainable=False,
+                            name=f"state_{layer}_{name}",
+                        )
+                    )
+
+    # === Forward pass ===
+
+    def call(self, inputs, training=False):
+        ids = ops.cast(inputs, "int32")
+        multi_sample = bool(training) and self.samples > 1
+        if multi_sample:
+            batch = ops.shape(ids)[0]
+            ids = ops.tile(ids, (self.samples, 1))
+        embedded = self.embedding(ids)
+        x = self.input_dropout_layer(embedded, training=training)
+        rows = ops.shape(ids)[0]
+        new_states = []
+        outputs = []
+        for layer, rnn in enumerate(self.recurrent_layers):
+            initial_state = None
+            if self.stateful:
+                initial_state = [
+                    ops.slice(v, (0, 0), (rows, self.units))
+                    for v in self.recurrent_state_variables[2 * layer : 2 * layer + 2]
+                ]
+            h, h_last, c_last = rnn(x, initial_state=initial_state, training=training)
+            new_states += [h_last, c_last]
+            h = self.cell_output_dropout_layers[layer](h, training=training)
+            outputs.append(h)
+            x = _sum(outputs) if self.residual else h
+        if self.stateful:
+            for variable, state in zip(self.recurrent_state_variables, new_states):
+                variable.assign(
+                    ops.slice_update(
+                        variable, (0, 0), ops.cast(state, variable.dtype)
+                    )
+                )
+        if self.dual_layer is not None:
+            x = self.dual_layer([embedded, x], training=training)
+        else:
+            x = self.output_dropout_layer(x, training=training)
+        if self.projection is not None:
+            x = self.projection(x)
+        if self.output_layer is not None:
+            logits = self.output_layer(x)
+        else:
+            table = ops.cast(self.embedding.embeddings, x.dtype)
+            logits = ops.matmul(x, ops.transpose(table))
+            logits = logits + ops.cast(self.output_bias, x.dtype)
+        logits = ops.cast(logits, "float32")
+        if not training:
+            logits = logits * self.temperature_variable
+        if multi_sample:
+            logits = ops.reshape(
+                logits, (self.samples, batch) + tuple(ops.shape(logits)[1:])
+            )
+            logits = ops.transpose(logits, (1, 0, 2, 3))
+        return logits
+
+    # === Recurrent state ===
+
+    def reset_states(self):
+        """Zeroes the carried recurrent state (every row)."""
+        for variable in getattr(self, "recurrent_state_variables", []):
+            variable.assign(ops.zeros(variable.shape, variable.dtype))
+
+    def set_temperature(self, temperature):
+        """Sets the softmax temperature τ used at evaluation."""
+        temperature = _validation.positive_float("temperature", temperature)
+        self.temperature = temperature
+        if self.built:
+            self.temperature_variable.assign(temperature)
+
+    # === Training and evaluation entry points ===
+
+    def fit(self, x=None, y=None, *args, callbacks=None, **kwargs):
+        self._check_ids(x, "x")
+        self._check_ids(y, "y")
+        callbacks = list(callbacks or [])
+        if self.stateful:
+            callbacks.insert(0, _ResetStatesEachEpoch())
+        return super().fit(x, y, *args, callbacks=callbacks, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        self._check_ids(x, "x")
+        self._check_ids(y, "y")
+        if self.built:
+            self.reset_states()
+        try:
+            return super().evaluate(x, y, *args, **kwargs)
+        finally:
+            if self.built:
+                self.reset_states()
+
+    def predict(self, x, *args, **kwargs):
+        self._check_ids(x, "x")
+        return super().predict(x, *args, **kwargs)
+
+    def _check_ids(self, data, name):
+        if data is None or not isinstance(data, np.ndarray):
+            return
+        _validation.token_ids(name, data, self.vocabulary_size)
+
+    # === Config ===
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "units": self.units,
+                "num_layers": self.num_layers,
+                "embedding_dim": self.embedding_dim,
+                "cell": self.cell,
+                "mogrifier_rounds": self.mogrifier_rounds,
+                "mogrifier_rank": self.mogrifier_rank,
+                "capped_input_gate": self.capped_input_gate,
+                "chrono_t_max": self.chrono_t_max,
+                "unit_forget_bias": self.unit_forget_bias,
+                "residual": self.residual,
+                "tie_embeddings": self.tie_embeddings,
+                "input_dropout": self.input_dropout,
+                "cell_output_dropout": self.cell_output_dropout,
+                "state_dropout": self.state_dropout,
+                "output_dropout": self.output_dropout,
+                "dual": self.dual,
+                "dual_units": self.dual_units,
+                "dual_dropout": self.dual_dropout,
+                "samples": self.samples,
+                "temperature": self.temperature,
+                "stateful": self.stateful,
+                "batch_size": self.batch_size,
+                "l2": self.l2,
+                "initializer": (
+                    None
+                    if self.initializer is None
+                    else keras.initializers.serialize(self.initializer)
+                ),
+                "adaptation_units": self.adaptation_units,
+                "adaptation_streams": self.adaptation_streams,
+                "adaptation_layer": self.adaptation_layer,
+                "seed": self.seed,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def with_options(self, **overrides):
+        """A new model of the same weights with some arguments changed.
+
+        For instance `model.with_options(batch_size=1, samples=1)` for
+        evaluation on one stream, or
+        `model.with_options(adaptation_units=500)` for sparse dynamic
+        evaluation (the adaptation matrix starts at zero). Weights are copied
+        by name; the new model's recurrent state starts at zero.
+        """
+        config = self.get_config()
+        config.update(overrides)
+        for key in ("name", "trainable", "dtype"):
+            config.pop(key, None)
+        clone = self.__class__.from_config(config)
+        batch = clone.batch_size
+        if batch is None and clone.stateful:
+            capacity = getattr(self, "state_capacity", None)
+            batch = capacity // self.samples if capacity else 1
+        clone.build((batch, None))
+        if self.built:
+            source = {_local_path(v): v for v in self.weights}
+            for variable in clone.weights:
+                key = _local_path(variable)
+                if key.startswith("state_") or key not in source:
+                    continue
+                if tuple(source[key].shape) == tuple(variable.shape):
+                    variable.assign(source[key])
+        return clone
+
+
+def _local_path(variable):
+    # Drop the model's own name, keep the path inside it.
+    return variable.path.split("/", 1)[-1]
+
+
+def _sum(tensors):
+    total = tensors[0]
+    for t in tensors[1:]:
+        total = total + t
+    return total
+
+
+class _ResetStatesEachEpoch(keras.callbacks.Callback):
+    """Zeroes a stateful model's recurrent state at each epoch's start."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.model.reset_states()
