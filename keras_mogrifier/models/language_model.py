@@ -454,6 +454,8 @@ class LanguageModel(keras.Model):
         callbacks = list(callbacks or [])
         if self.stateful:
             callbacks.insert(0, _ResetStatesEachEpoch())
+            # Windows must arrive in order for the state to be carried.
+            kwargs.setdefault("shuffle", False)
         return super().fit(x, y, *args, callbacks=callbacks, **kwargs)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):

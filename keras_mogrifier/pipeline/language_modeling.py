@@ -1,0 +1,333 @@
+"""Train and evaluate a language model end to end: the library's main job.
+
+`run_experiment(corpus, preset)` builds a `LanguageModel` from a preset,
+trains it with stateful truncated BPTT, tunes the softmax temperature on
+validation data, reports static validation and test perplexity, and then
+dynamic evaluation (tuned on a slice of validation) on both. Each step is a
+function of its own so that scripts and tuners can use them separately.
+"""
+
+import json
+import math
+import os
+import time
+
+import keras
+import numpy as np
+
+from keras_mogrifier import _validation
+from keras_mogrifier.data.batching import StreamDataset
+from keras_mogrifier.evaluation.dynamic_evaluation_search import (
+    search_dynamic_evaluation,
+)
+from keras_mogrifier.evaluation.dynamic_evaluator import DynamicEvaluator
+from keras_mogrifier.evaluation.temperature import search_temperature
+from keras_mogrifier.losses.iwae_dropout_loss import IWAEDropoutLoss
+from keras_mogrifier.metrics.perplexity import Perplexity
+from keras_mogrifier.models.language_model import LanguageModel
+from keras_mogrifier.pipeline.presets import get_preset
+
+OPTIMIZERS = ("sgd", "adam", "radam")
+
+
+def build_language_model(vocabulary_size, model_config, batch_size):
+    """A `LanguageModel` for `vocabulary_size` ids, built for `batch_size`."""
+    model = LanguageModel(
+        vocabulary_size, batch_size=batch_size, **dict(model_config)
+    )
+    model.build((batch_size, None))
+    return model
+
+
+def build_optimizer(training):
+    """The optimizer of a training config (`sgd`, `adam` or `radam`)."""
+    name = _validation.one_of("optimizer", training["optimizer"], OPTIMIZERS)
+    kwargs = {"learning_rate": training["learning_rate"]}
+    for clip in ("clipnorm", "global_clipnorm"):
+        if training.get(clip):
+            kwargs[clip] = training[clip]
+    if name == "sgd":
+        return keras.optimizers.SGD(**kwargs)
+    if name == "adam":
+        return keras.optimizers.Adam(beta_1=training["beta_1"], **kwargs)
+    from keras_mogrifier.optimizers.rectified_adam import RectifiedAdam
+
+    return RectifiedAdam(beta_1=training["beta_1"], **kwargs)
+
+
+def compile_language_model(model, training):
+    """Compiles with the multi-sample loss (plain cross-entropy for D = 1)."""
+    model.compile(
+        optimizer=build_optimizer(training),
+        loss=IWAEDropoutLoss(),
+        metrics=[Perplexity()],
+        jit_compile=training.get("jit_compile", True),
+    )
+    return model
+
+
+def stream_dataset(ids, training, batch_size=None, evaluation=False):
+    """Windows of `ids` for training (full windows) or evaluation (all)."""
+    return StreamDataset(
+        ids,
+        batch_size=batch_size or training["batch_size"],
+        sequence_length=training["sequence_length"],
+        drop_remainder=not evaluation,
+        max_tokens=None if evaluation else training.get("max_tokens"),
+    )
+
+
+def _halving_schedule(base, after):
+    def schedule(epoch, lr):
+        # Epochs are 0-based here: epoch index 4 is the 5th epoch.
+        return float(base * 0.5 ** max(0, epoch + 1 - after))
+
+    return schedule
+
+
+def training_callbacks(training, checkpoint_dir=None):
+    """Callbacks of a training config: schedule, recovery, checkpoints."""
+    callbacks = []
+    if training.get("halve_after_epoch"):
+        callbacks.append(
+            keras.callbacks.LearningRateScheduler(
+                _halving_schedule(
+                    training["learning_rate"], training["halve_after_epoch"]
+                )
+            )
+        )
+    if training.get("divergence_recovery"):
+        from keras_mogrifier.callbacks.divergence_recovery import (
+            DivergenceRecovery,
+        )
+
+        callbacks.append(DivergenceRecovery())
+    if training.get("two_tailed_averaging"):
+        from keras_mogrifier.callbacks.two_tailed_averaging import (
+            TwoTailedAveraging,
+        )
+
+        callbacks.append(TwoTailedAveraging())
+    if checkpoint_dir:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        callbacks.append(_EpochCheckpoint(checkpoint_dir))
+    return callbacks
+
+
+class _EpochCheckpoint(keras.callbacks.Callback):
+    """Saves the whole model (weights and optimizer) after every epoch."""
+
+    def __init__(self, directory):
+        super().__init__()
+        self.directory = directory
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.model.save(os.path.join(self.directory, "last.keras"))
+        with open(os.path.join(self.directory, "progress.json"), "w") as f:
+            json.dump({"epochs_done": epoch + 1, "logs": _floats(logs)}, f)
+
+
+def load_checkpoint(checkpoint_dir):
+    """The model and the number of epochs done saved in `checkpoint_dir`."""
+    path = os.path.join(checkpoint_dir, "last.keras")
+    progress = os.path.join(checkpoint_dir, "progress.json")
+    if not (os.path.exists(path) and os.path.exists(progress)):
+        raise FileNotFoundError(
+            f"Expected a checkpoint (last.keras and progress.json) in "
+            f"{checkpoint_dir!r} to resume from. Received: no such files"
+        )
+    with open(progress) as f:
+        epochs_done = json.load(f)["epochs_done"]
+    return keras.saving.load_model(path), epochs_done
+
+
+def evaluate_language_model(model, ids, training, batch_size=None):
+    """Static loss and perplexity of `ids` (every token counted once)."""
+    data = stream_dataset(
+        ids, training, batch_size=batch_size or training["eval_batch_size"],
+        evaluation=True,
+    )
+    logs = model.evaluate(data, verbose=0, return_dict=True)
+    ppl = float(logs["perplexity"])
+    return {"loss": math.log(ppl), "perplexity": ppl, "num_tokens": data.num_tokens}
+
+
+def dynamic_evaluation(
+    model,
+    corpus,
+    segment_length=5,
+    learning_rates=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3),
+    decay_rates=(1e-3, 2e-3, 1e-2),
+    tuning_tokens=10_000,
+    statistics_batches=None,
+    log=print,
+):
+    """Dynamic evaluation of valid and test, tuned on a slice of valid.
+
+    Works on a copy of the model with one stream per batch row (the trained
+    model is never touched). Gradient statistics come from the training
+    stream (batches of 100 streams × `segment_length`).
+    """
+    evaluation_model = model.with_options(batch_size=100, samples=1)
+    evaluator = DynamicEvaluator(evaluation_model, segment_length=segment_length)
+    evaluator.collect_gradient_statistics(
+        corpus.train, steps=statistics_batches, batch_size=100
+    )
+    tuning = corpus.valid[: tuning_tokens + 1]
+    best = search_dynamic_evaluation(
+        evaluator,
+        tuning,
+        learning_rates=list(learning_rates),
+        decay_rates=list(decay_rates),
+        strategy="sequential",
+    )
+    log(
+        f"dynamic evaluation tuned on {len(tuning) - 1} validation tokens: "
+        f"learning_rate={best['learning_rate']:g}, "
+        f"decay_rate={best['decay_rate']:g} "
+        f"(perplexity {best['perplexity']:.2f})"
+    )
+    evaluator.learning_rate = best["learning_rate"]
+    evaluator.decay_rate = best["decay_rate"]
+    valid = evaluator.evaluate(corpus.valid, verbose=0)
+    test = evaluator.evaluate(corpus.test, verbose=0)
+    return {
+        "valid": valid,
+        "test": test,
+        "learning_rate": best["learning_rate"],
+        "decay_rate": best["decay_rate"],
+    }
+
+
+def run_experiment(
+    corpus,
+    preset="tiny",
+    model_overrides=None,
+    training_overrides=None,
+    checkpoint_dir=None,
+    resume=False,
+    dynamic=True,
+    dynamic_options=None,
+    verbose=1,
+    log=print,
+):
+    """Trains and evaluates a language model; returns a dict of results.
+
+    Args:
+        corpus: a `keras_mogrifier.data.Corpus`.
+        preset: str. A preset name (see `keras_mogrifier.pipeline.presets`).
+        model_overrides: dict. Overrides of `LanguageModel` arguments.
+        training_overrides: dict. Overrides of training settings.
+        checkpoint_dir: str or None. Save the model after every epoch here.
+        resume: bool. Continue from the checkpoint in `checkpoint_dir`.
+        dynamic: bool. Also run dynamic evaluation. Defaults to `True`.
+        dynamic_options: dict. Arguments of `dynamic_evaluation`.
+        verbose: int. Verbosity of `fit`.
+        log: callable. Where progress lines go. Defaults to `print`.
+
+    Returns:
+        A dict with `valid_perplexity`, `test_perplexity`, the temperature,
+        per-epoch validation perplexities, timings, and with `dynamic=True`
+        `valid_dynamic_perplexity` and `test_dynamic_perplexity`.
+    """
+    config = get_preset(preset, model_overrides, training_overrides)
+    training = config["training"]
+    training["eval_batch_size"] = training["eval_batch_size"] or training["batch_size"]
+    # Evaluation batches use the model's state rows: at most batch × samples.
+    vocabulary_size = len(corpus.vocabulary)
+    initial_epoch = 0
+    if resume:
+        if not checkpoint_dir:
+            raise ValueError(
+                "Expected `checkpoint_dir` with `resume=True`. "
+                "Received: checkpoint_dir=None"
+            )
+        model, initial_epoch = load_checkpoint(checkpoint_dir)
+        log(f"resumed from {checkpoint_dir} after epoch {initial_epoch}")
+    else:
+        model = build_language_model(
+            vocabulary_size, config["model"], training["batch_size"]
+        )
+        compile_language_model(model, training)
+    log(
+        f"model: {config['model'].get('cell')} "
+        f"{config['model'].get('num_layers')}×{config['model'].get('units')}, "
+        f"{model.count_params() - _state_size(model):,} parameters; "
+        f"corpus: {corpus.source}, {len(corpus.train):,} training tokens, "
+        f"vocabulary {vocabulary_size:,}"
+    )
+    train_data = stream_dataset(corpus.train, training)
+    valid_data = stream_dataset(
+        corpus.valid, training, training["eval_batch_size"], evaluation=True
+    )
+    start = time.time()
+    history = model.fit(
+        train_data,
+        validation_data=valid_data,
+        epochs=training["epochs"],
+        initial_epoch=initial_epoch,
+        shuffle=False,
+        callbacks=training_callbacks(training, checkpoint_dir),
+        verbose=verbose,
+    )
+    train_seconds = time.time() - start
+    val_curve = [float(p) for p in history.history.get("val_perplexity", [])]
+    for epoch, ppl in enumerate(val_curve, start=initial_epoch + 1):
+        log(f"epoch {epoch}: validation perplexity {ppl:.2f}")
+
+    results = {
+        "preset": preset,
+        "model": config["model"],
+        "training": training,
+        "corpus_source": corpus.source,
+        "train_tokens_per_epoch": train_data.num_tokens,
+        "train_seconds": train_seconds,
+        "train_tokens_per_second": train_data.num_tokens
+        * max(1, training["epochs"] - initial_epoch)
+        / train_seconds,
+        "valid_perplexity_curve": val_curve,
+    }
+    tau = search_temperature(
+        model, corpus.valid, batch_size=training["eval_batch_size"],
+        sequence_length=training["sequence_length"],
+    )
+    results["temperature"] = tau["temperature"]
+    log(f"softmax temperature {tau['temperature']:.2f}")
+    valid = evaluate_language_model(model, corpus.valid, training)
+    test = evaluate_language_model(model, corpus.test, training)
+    results["valid_perplexity"] = valid["perplexity"]
+    results["test_perplexity"] = test["perplexity"]
+    log(
+        f"static: valid perplexity {valid['perplexity']:.2f}, "
+        f"test perplexity {test['perplexity']:.2f}"
+    )
+    if dynamic:
+        start = time.time()
+        dyn = dynamic_evaluation(model, corpus, log=log, **(dynamic_options or {}))
+        results["valid_dynamic_perplexity"] = float(dyn["valid"]["perplexity"])
+        results["test_dynamic_perplexity"] = float(dyn["test"]["perplexity"])
+        results["dynamic_learning_rate"] = dyn["learning_rate"]
+        results["dynamic_decay_rate"] = dyn["decay_rate"]
+        results["dynamic_seconds"] = time.time() - start
+        log(
+            f"dynamic: valid perplexity {results['valid_dynamic_perplexity']:.2f}, "
+            f"test perplexity {results['test_dynamic_perplexity']:.2f}"
+        )
+    results["model_object"] = model
+    return results
+
+
+def _state_size(model):
+    return sum(int(np.prod(v.shape)) for v in model.non_trainable_weights)
+
+
+def _floats(logs):
+    return {k: float(v) for k, v in (logs or {}).items()}
+
+
+def write_results(results, path):
+    """Writes the JSON-serialisable part of `results` to `path`."""
+    clean = {k: v for k, v in results.items() if k != "model_object"}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(clean, f, indent=2, default=str)
