@@ -1,5 +1,12 @@
 """keras_mogrifier: strong recurrent language models for Keras 3."""
 
+from keras_mogrifier import data
+from keras_mogrifier import pipeline
+from keras_mogrifier.callbacks import DivergenceRecovery
+from keras_mogrifier.callbacks import TwoTailedAveraging
+from keras_mogrifier.evaluation import DynamicEvaluator
+from keras_mogrifier.evaluation import search_dynamic_evaluation
+from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.initializers import ChronoInitializer
 from keras_mogrifier.layers import DualOutput
 from keras_mogrifier.layers import Mogrifier
@@ -7,5 +14,10 @@ from keras_mogrifier.layers import MogrifierLSTM
 from keras_mogrifier.layers import MogrifierLSTMCell
 from keras_mogrifier.layers import RLSTM
 from keras_mogrifier.layers import RLSTMCell
+from keras_mogrifier.losses import IWAEDropoutLoss
+from keras_mogrifier.metrics import BitsPerCharacter
+from keras_mogrifier.metrics import Perplexity
+from keras_mogrifier.models import LanguageModel
+from keras_mogrifier.optimizers import RectifiedAdam
 
 __version__ = "0.1.0"

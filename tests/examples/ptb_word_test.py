@@ -38,6 +38,7 @@ def tiny_ptb(tmp_path):
 def _flags(tiny_ptb, tmp_path):
     return [
         "--data-dir", str(tiny_ptb), "--preset", "tiny", "--units", "16",
+        "--cell", "lstm", "--layers", "1",
         "--batch-size", "4", "--bptt", "10", "--max-tokens", "400",
         "--dynamic-tuning-tokens", "60", "--dynamic-statistics-batches", "2",
         "--checkpoint-dir", str(tmp_path / "ckpt"), "--verbose", "0",
