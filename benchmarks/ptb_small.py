@@ -1,0 +1,89 @@
+"""The classic small PTB configuration with each cell, same budget.
+
+Trains the `small` preset (Zaremba et al. 2014: 2 × 200, untied, plain
+stacking, no dropout, batch 20, BPTT 20, uniform ±0.1, SGD at 1 halved every
+epoch after the 4th, clip 5, 13 epochs; published test perplexity 114.5) with
+the plain LSTM, then the same budget and settings with the Mogrifier LSTM and
+the RLSTM in its place. Prints a table of validation/test perplexity and
+training tokens/s, and writes it as JSON (updated after every cell, so a long
+run can be read while it goes on).
+
+    python benchmarks/ptb_small.py --data-dir ../shared/data/ptb \\
+        --json benchmarks/results/ptb_small.json
+
+On 2 CPU cores this takes hours: run it in the background.
+"""
+
+import argparse
+import json
+import os
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from keras_mogrifier.data import load_corpus  # noqa: E402
+from keras_mogrifier.pipeline import run_experiment  # noqa: E402
+
+CELLS = {
+    "lstm": {"cell": "lstm"},
+    "mogrifier_lstm": {"cell": "mogrifier_lstm", "mogrifier_rounds": 5},
+    "rlstm": {"cell": "rlstm"},
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    parser.add_argument("--epochs", type=int, default=13)
+    parser.add_argument("--max-tokens", type=int, help="cap tokens per epoch")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    corpus = load_corpus(args.data_dir)
+    rows = []
+    for name in args.cells:
+        start = time.time()
+        results = run_experiment(
+            corpus,
+            "small",
+            model_overrides=CELLS[name],
+            training_overrides={"epochs": args.epochs, "max_tokens": args.max_tokens},
+            dynamic=False,
+            verbose=2,
+        )
+        rows.append(
+            {
+                "cell": name,
+                "epochs": args.epochs,
+                "parameters": int(results["model_object"].count_params()),
+                "valid_perplexity": results["valid_perplexity"],
+                "test_perplexity": results["test_perplexity"],
+                "temperature": results["temperature"],
+                "valid_curve": results["valid_perplexity_curve"],
+                "train_tokens_per_second": results["train_tokens_per_second"],
+                "wall_seconds": time.time() - start,
+            }
+        )
+        print_table(rows)
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump({"command": "python benchmarks/ptb_small.py " + " ".join(
+                    f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+                    if v is not None and k != "cells"), "rows": rows}, f, indent=2)
+
+
+def print_table(rows):
+    print("| cell | epochs | valid ppl | test ppl | τ | train tokens/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(
+            f"| {r['cell']} | {r['epochs']} | {r['valid_perplexity']:.1f} | "
+            f"{r['test_perplexity']:.1f} | {r['temperature']:.2f} | "
+            f"{r['train_tokens_per_second']:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
