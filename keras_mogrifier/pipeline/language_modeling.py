@@ -60,7 +60,7 @@ def compile_language_model(model, training):
     model.compile(
         optimizer=build_optimizer(training),
         loss=IWAEDropoutLoss(),
-        metrics=[Perplexity()],
+        weighted_metrics=[Perplexity()],
         jit_compile=training.get("jit_compile", True),
     )
     return model

@@ -1,0 +1,144 @@
+import keras
+import numpy as np
+import pytest
+from keras import layers
+
+from keras_mogrifier.data import StreamDataset
+from keras_mogrifier.metrics import BitsPerCharacter
+from keras_mogrifier.metrics import Perplexity
+
+
+def np_token_nll(ids, logits):
+    """NumPy float64 reference: -log((1/D) sum_d softmax(logits_d)[w])."""
+    logits = np.asarray(logits, np.float64)
+    if logits.ndim == ids.ndim + 1:
+        logits = logits[:, None]
+    shift = logits.max(axis=-1, keepdims=True)
+    log_z = shift[..., 0] + np.log(np.exp(logits - shift).sum(-1))
+    idx = np.broadcast_to(ids[:, None, :, None], logits.shape[:-1] + (1,))
+    log_p = np.take_along_axis(logits, idx, axis=-1)[..., 0] - log_z
+    m = log_p.max(axis=1, keepdims=True)
+    return -(m[:, 0] + np.log(np.exp(log_p - m).mean(axis=1)))
+
+
+def _batches(rng, samples=None):
+    """Batches of different shapes, with weights, like a real evaluation."""
+    out = []
+    for batch, time in ((3, 5), (2, 7), (4, 1)):
+        shape = (batch, samples, time, 9) if samples else (batch, time, 9)
+        logits = rng.normal(scale=3.0, size=shape).astype("float32")
+        ids = rng.integers(0, 9, size=(batch, time))
+        weights = rng.integers(0, 3, size=(batch, time)).astype("float32")
+        out.append((ids, logits, weights))
+    return out
+
+
+@pytest.mark.parametrize("samples", [None, 1, 4])
+def test_accumulates_total_nats_over_total_tokens(samples):
+    batches = _batches(np.random.default_rng(0), samples)
+    perplexity, bpc = Perplexity(), BitsPerCharacter()
+    nats = tokens = 0.0
+    for ids, logits, weights in batches:
+        perplexity.update_state(ids, logits, sample_weight=weights)
+        bpc.update_state(ids, logits, sample_weight=weights)
+        nats += (np_token_nll(ids, logits) * weights).sum()
+        tokens += weights.sum()
+    assert float(perplexity.result()) == pytest.approx(np.exp(nats / tokens), rel=1e-5)
+    assert float(bpc.result()) == pytest.approx(nats / tokens / np.log(2), rel=1e-5)
+
+
+def test_is_token_weighted_not_batch_weighted():
+    rng = np.random.default_rng(1)
+    metric = Perplexity()
+    nats, tokens = [], 0
+    for time in (1, 20):
+        logits = rng.normal(size=(2, time, 6)).astype("float32")
+        ids = rng.integers(0, 6, size=(2, time))
+        metric.update_state(ids, logits)
+        nats.append(np_token_nll(ids, logits).sum())
+        tokens += 2 * time
+    assert float(metric.result()) == pytest.approx(np.exp(sum(nats) / tokens), rel=1e-5)
+
+
+def test_per_sequence_weights_and_reset():
+    rng = np.random.default_rng(2)
+    logits = rng.normal(size=(3, 4, 5)).astype("float32")
+    ids = rng.integers(0, 5, size=(3, 4))
+    weights = np.array([1.0, 0.0, 2.0], "float32")
+    metric = Perplexity()
+    metric.update_state(ids, logits, sample_weight=weights)
+    nll = np_token_nll(ids, logits)
+    expected = (nll * weights[:, None]).sum() / (weights.sum() * 4)
+    assert float(metric.result()) == pytest.approx(np.exp(expected), rel=1e-5)
+    metric.reset_state()
+    assert float(metric.result()) == pytest.approx(1.0)  # no tokens: exp(0)
+    metric.update_state(ids[:1], logits[:1])
+    assert float(metric.result()) == pytest.approx(np.exp(nll[0].mean()), rel=1e-5)
+
+
+def test_extreme_logits_are_finite_and_zero_weight_tokens_are_ignored():
+    logits = np.array([[[1e4, -1e4, 0.0], [-1e4, 1e4, -1e4]]], "float32")
+    ids = np.array([[0, 0]])
+    metric = BitsPerCharacter()
+    metric.update_state(ids, logits, sample_weight=np.array([[1.0, 0.0]]))
+    assert float(metric.result()) == pytest.approx(0.0, abs=1e-6)
+    metric.update_state(ids, logits)
+    assert np.isfinite(float(metric.result()))
+    assert float(metric.result()) == pytest.approx(2e4 / 3 / np.log(2), rel=1e-5)
+
+
+def test_bad_ids_raise():
+    with pytest.raises(ValueError, match="vocab=4"):
+        Perplexity().update_state(np.array([[4]]), np.zeros((1, 1, 4)))
+
+
+def test_config_and_registration():
+    metric = Perplexity()
+    assert metric.name == "perplexity"
+    config = metric.get_config()
+    assert Perplexity.from_config(config).get_config() == config
+    serialized = keras.saving.serialize_keras_object(Perplexity(name="m"))
+    assert serialized["registered_name"] == "keras_mogrifier>Perplexity"
+    assert keras.saving.deserialize_keras_object(serialized).name == "m"
+
+
+def test_fit_and_evaluate_logs_and_exact_values():
+    keras.utils.set_random_seed(0)
+    vocab, batch, time = 11, 4, 5
+    ids = np.random.default_rng(0).integers(0, vocab, size=300)
+    train = StreamDataset(ids, batch, time)
+    # 8 targets per stream: a full window and one padded with 2 zero weights.
+    valid = StreamDataset(ids[:36], batch, time, drop_remainder=False)
+    inputs = keras.Input((None,), dtype="int32")
+    logits = layers.Dense(vocab)(layers.Embedding(vocab, 8)(inputs))
+    model = keras.Model(inputs, logits)
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        # Keras gives sample weights to `weighted_metrics` only.
+        weighted_metrics=[Perplexity(), BitsPerCharacter()],
+        metrics=[Perplexity(name="unweighted_perplexity")],
+    )
+    history = model.fit(
+        train, validation_data=valid, epochs=2, shuffle=False, verbose=0
+    )
+    for key in ("perplexity", "bpc", "val_perplexity", "val_bpc"):
+        assert key in history.history
+    results = model.evaluate(valid, verbose=0, return_dict=True)
+    nats = tokens = all_nats = 0.0
+    for k in range(len(valid)):
+        x, y, w = valid[k]
+        nll = np_token_nll(y, model.predict_on_batch(x))
+        nats += (nll * w).sum()
+        tokens += w.sum()
+        all_nats += nll.sum()
+    assert tokens == valid.num_tokens == 4 * 8
+    assert results["perplexity"] == pytest.approx(np.exp(nats / tokens), rel=1e-5)
+    assert results["bpc"] == pytest.approx(nats / tokens / np.log(2), rel=1e-5)
+    assert history.history["val_perplexity"][-1] == pytest.approx(
+        results["perplexity"], rel=1e-5
+    )
+    # `metrics=` sees the padding too: that is why the weighted form is used.
+    unweighted = np.exp(all_nats / (4 * 10))
+    assert results["unweighted_perplexity"] == pytest.approx(unweighted, rel=1e-5)
+    assert abs(unweighted / results["perplexity"] - 1) > 1e-2
