@@ -1,1 +1,2 @@
-
+from keras_mogrifier.callbacks.divergence_recovery import DivergenceRecovery
+from keras_mogrifier.callbacks.two_tailed_averaging import TwoTailedAveraging

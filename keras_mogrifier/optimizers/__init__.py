@@ -1,1 +1,6 @@
-
+from keras_mogrifier.optimizers.rectified_adam import RectifiedAdam
+from keras_mogrifier.optimizers.two_tailed_averaging_optimizer import (
+    TwoTailedAveragingOptimizer,
+)
+from keras_mogrifier.optimizers.two_tailed_controller import TwoTailedController
+from keras_mogrifier.optimizers.two_tailed_controller import TwoTailedDecision
