@@ -1,0 +1,373 @@
+import logging
+import math
+import os
+
+import keras
+import numpy as np
+
+from keras_mogrifier import _validation
+
+logger = logging.getLogger(__name__)
+
+
+def _snapshot(variables):
+    # Copies: a NumPy view of a variable's buffer could change with it.
+    return [np.array(keras.ops.convert_to_numpy(v), copy=True) for v in variables]
+
+
+def _floating(arrays):
+    return [a for a in arrays if np.issubdtype(np.asarray(a).dtype, np.inexact)]
+
+
+def _all_finite(arrays):
+    return all(np.all(np.isfinite(a)) for a in _floating(arrays))
+
+
+def _no_nan(arrays):
+    # Optimizer state may hold infinities on purpose (e.g. "no best loss
+    # yet" in TwoTailedAveragingOptimizer.controller_state).
+    return not any(np.any(np.isnan(a)) for a in _floating(arrays))
+
+
+class DivergenceRecovery(keras.callbacks.Callback):
+    """Restores the best checkpoint, with a lower learning rate, when training diverges.
+
+    Training diverges when the training loss logged after a batch is not
+    finite, or (with `factor`) exceeds `factor ×` the lowest epoch training
+    loss so far (so from the second epoch on), or when the weights or the
+    monitored value are not finite at the end of an epoch. Then this
+    callback
+
+    1. restores the model's weights **and every optimizer variable** (the
+       moments, the step counter, the learning rate, a
+       `LossScaleOptimizer`'s scale, the averages of a
+       `TwoTailedAveragingOptimizer`) from its checkpoint,
+    2. sets the learning rate to `learning_rate_decay**k ×` the checkpoint's
+       learning rate, `k` being the number of recoveries so far (so the
+       second recovery from the same checkpoint uses `0.81 ×` with the
+       default `0.9`: the learning rate is part of the restored state, so
+       it is multiplied after the restore),
+    3. resets the model's metrics (the logged `loss` is a running mean over
+       the epoch, which a non-finite batch would poison) and continues.
+
+    The checkpoint is the state with the best `monitor` value at an epoch end
+    (e.g. `val_loss`), or, with `monitor=None` or when the monitored value is
+    not in the epoch logs (no validation data), the last state at an epoch
+    end (and, with `save_freq=n`, every `n` batches) whose loss and weights
+    are finite. Before the first checkpoint, the state at the start of
+    training is used. A checkpoint is kept in memory, or in an `.npz` file at
+    `filepath`. A state with non-finite weights is never checkpointed, so a
+    recovery never leaves non-finite weights.
+
+    After `max_consecutive_recoveries` recoveries in a row (with no new
+    checkpoint and no epoch completed without a recovery in between), the
+    next divergence restores the checkpoint and raises a `RuntimeError`.
+    Each recovery is logged (`logging`, and printed with `verbose=1`) and
+    recorded in `recoveries_log`.
+
+    Notes: with `steps_per_execution=k`, Keras reports logs every `k`
+    batches, so divergence is seen up to `k` steps late (the restored state
+    is the same). The learning rate must be a float (a variable): a
+    `LearningRateSchedule` or a callable cannot be lowered, and
+    `on_train_begin` raises a `ValueError` for them. Callbacks that set the
+    learning rate every epoch (`LearningRateScheduler`) override the lowered
+    value. Use this instead of `keras.callbacks.TerminateOnNaN`.
+
+    Args:
+        monitor: str or None. Epoch-log entry defining the best checkpoint.
+            `None` keeps the last finite state. Defaults to `"val_loss"`.
+        mode: str. `"min"` or `"max"`: whether lower or higher `monitor`
+            values are better. Defaults to `"min"`.
+        factor: float > 1 or None. Also treat a logged training loss above
+            `factor ×` the lowest epoch training loss so far as a divergence
+            (Keras logs the epoch's running mean after each batch). Defaults
+            to `None`.
+        max_consecutive_recoveries: int. Recoveries allowed in a row before
+            giving up. Defaults to `5`.
+        learning_rate_decay: float in (0, 1]. The `0.9` of `0.9**k`.
+            Defaults to `0.9`.
+        save_freq: int or None. In last-finite-state mode, also checkpoint
+            every `save_freq` batches. Defaults to `None` (epoch ends only).
+        filepath: str or None. Keep the checkpoint in this `.npz` file
+            instead of in memory. Defaults to `None`.
+        verbose: int. 1 prints each recovery. Defaults to `1`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> x = np.random.default_rng(0).normal(size=(64, 3)).astype("float32")
+    >>> y = x.sum(axis=1, keepdims=True)
+    >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    >>> model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    >>> recovery = DivergenceRecovery(monitor="val_loss")
+    >>> history = model.fit(x, y, validation_split=0.25, epochs=2,
+    ...                     callbacks=[recovery], verbose=0)
+    >>> recovery.recoveries
+    0
+
+    Reference:
+        - [Melis, 2022](https://arxiv.org/abs/2211.01848), Circling Back to
+          Recurrent Models of Language, §5 (restarting from the best
+          checkpoint with a lower learning rate).
+    """
+
+    def __init__(
+        self,
+        monitor="val_loss",
+        mode="min",
+        factor=None,
+        max_consecutive_recoveries=5,
+        learning_rate_decay=0.9,
+        save_freq=None,
+        filepath=None,
+        verbose=1,
+    ):
+        if monitor is not None and not isinstance(monitor, str):
+            raise ValueError(
+                "Expected `monitor` to be a string or None. "
+                f"Received: monitor={monitor!r}"
+            )
+        mode = _validation.one_of("mode", mode, {"min", "max"})
+        if factor is not None:
+            factor = _validation.positive_float("factor", factor)
+            if factor <= 1.0:
+                raise ValueError(
+                    "Expected `factor` to be larger than 1. "
+                    f"Received: factor={factor}"
+                )
+        max_consecutive_recoveries = _validation.positive_int(
+            "max_consecutive_recoveries", max_consecutive_recoveries
+        )
+        learning_rate_decay = _validation.positive_float(
+            "learning_rate_decay", learning_rate_decay
+        )
+        if learning_rate_decay > 1.0:
+            raise ValueError(
+                "Expected `learning_rate_decay` to be in (0, 1]. "
+                f"Received: learning_rate_decay={learning_rate_decay}"
+            )
+        save_freq = _validation.optional_positive_int("save_freq", save_freq)
+        if filepath is not None:
+            filepath = os.fspath(filepath)
+            if not filepath.endswith(".npz"):
+                raise ValueError(
+                    "Expected `filepath` to end in `.npz`. "
+                    f"Received: filepath={filepath!r}"
+                )
+        verbose = _validation.non_negative_int("verbose", verbose)
+        super().__init__()
+        self.monitor = monitor
+        self.mode = mode
+        self.factor = factor
+        self.max_consecutive_recoveries = max_consecutive_recoveries
+        self.learning_rate_decay = learning_rate_decay
+        self.save_freq = save_freq
+        self.filepath = filepath
+        self.verbose = verbose
+        self._reset()
+
+    def _reset(self):
+        self.recoveries = 0
+        self.consecutive_recoveries = 0
+        self.recoveries_log = []
+        self.best = None
+        self.lowest_loss = math.inf
+        self._checkpoint = None
+        self._checkpoint_info = None
+        self._epoch = 0
+        self._recovered_this_epoch = False
+        self._warned_missing_monitor = False
+
+    # === Checkpoints ===
+
+    def _optimizer_variables(self):
+        return self.model.optimizer.variables
+
+    def _save(self, info):
+        weights = _snapshot(self.model.weights)
+        optimizer_values = _snapshot(self._optimizer_variables())
+        if not _all_finite(weights) or not _no_nan(optimizer_values):
+            return False
+        info = dict(info, learning_rate=self._learning_rate())
+        if self.filepath is None:
+            self._checkpoint = (weights, optimizer_values)
+        else:
+            arrays = {f"model_{i}": w for i, w in enumerate(weights)}
+            arrays.update(
+                {f"optimizer_{i}": v for i, v in enumerate(optimizer_values)}
+            )
+            temporary = self.filepath[: -len(".npz")] + ".partial.npz"
+            np.savez(temporary, **arrays)
+            os.replace(temporary, self.filepath)
+            self._checkpoint = (len(weights), len(optimizer_values))
+        self._checkpoint_info = info
+        self.consecutive_recoveries = 0
+        return True
+
+    def _load(self):
+        if self.filepath is None:
+            weights, optimizer_values = self._checkpoint
+        else:
+            n_weights, n_optimizer = self._checkpoint
+            with np.load(self.filepath) as data:
+                weights = [data[f"model_{i}"] for i in range(n_weights)]
+                optimizer_values = [
+                    data[f"optimizer_{i}"] for i in range(n_optimizer)
+                ]
+        for variable, value in zip(self.model.weights, weights):
+            variable.assign(value)
+        for variable, value in zip(self._optimizer_variables(), optimizer_values):
+            variable.assign(value)
+
+    def _learning_rate(self):
+        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+    # === Recovery ===
+
+    def _recover(self, reason):
+        self._load()
+        info = self._checkpoint_info
+        if self.consecutive_recoveries >= self.max_consecutive_recoveries:
+            message = (
+                f"DivergenceRecovery: training diverged ({reason}) after "
+                f"{self.consecutive_recoveries} recoveries in a row; giving "
+                "up. The model and optimizer hold the checkpoint from "
+                f"epoch {info['epoch']}, step {info['step']}."
+            )
+            logger.error(message)
+            raise RuntimeError(message)
+        self.recoveries += 1
+        self.consecutive_recoveries += 1
+        learning_rate = self.learning_rate_decay**self.recoveries * info[
+            "learning_rate"
+        ]
+        self.model.optimizer.learning_rate = learning_rate
+        self.model.reset_metrics()
+        self._recovered_this_epoch = True
+        record = {
+            "epoch": self._epoch,
+            "reason": reason,
+            "checkpoint_epoch": info["epoch"],
+            "checkpoint_step": info["step"],
+            "learning_rate": learning_rate,
+        }
+        self.recoveries_log.append(record)
+        message = (
+            f"DivergenceRecovery: {reason} in epoch {self._epoch}; restored "
+            f"the checkpoint from epoch {info['epoch']}, step {info['step']} "
+            f"(recovery {self.recoveries}, {self.consecutive_recoveries} in "
+            f"a row); learning rate {info['learning_rate']:.4g} -> "
+            f"{learning_rate:.4g}."
+        )
+        logger.warning(message)
+        if self.verbose:
+            print(message)
+
+    def _step(self):
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _best_mode(self, logs):
+        """Whether the epoch logs can define a best checkpoint."""
+        if self.monitor is None:
+            return False
+        if self.monitor in (logs or {}):
+            return True
+        if not self._warned_missing_monitor:
+            self._warned_missing_monitor = True
+            message = (
+                f"DivergenceRecovery: `{self.monitor}` is not in the epoch "
+                f"logs ({sorted(logs or {})}); keeping the last finite state "
+                "instead of the best one."
+            )
+            logger.warning(message)
+            if self.verbose:
+                print(message)
+        return False
+
+    # === Callback hooks ===
+
+    def on_train_begin(self, logs=None):
+        self._reset()
+        optimizer = self.model.optimizer
+        if not isinstance(optimizer.learning_rate, keras.Variable):
+            raise ValueError(
+                "DivergenceRecovery lowers the learning rate after a "
+                "recovery, which needs the optimizer's learning rate to be a "
+                "float (a variable), not a LearningRateSchedule or a "
+                "callable. Received: learning_rate="
+                f"{optimizer.learning_rate!r}"
+            )
+        if not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        if not self._save({"epoch": 0, "step": self._step(), "monitor": None}):
+            raise ValueError(
+                "The model's weights or optimizer state are not finite at the "
+                "start of training; DivergenceRecovery has nothing to recover "
+                "to."
+            )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._recovered_this_epoch = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return
+        loss = float(loss)
+        if not math.isfinite(loss):
+            self._recover(f"non-finite loss {loss}")
+            return
+        if self.factor is not None and loss > self.factor * self.lowest_loss:
+            self._recover(
+                f"loss {loss:.4g} above {self.factor} x the lowest epoch "
+                f"loss {self.lowest_loss:.4g}"
+            )
+            return
+        if (
+            self.save_freq is not None
+            and not self._best_mode_known()
+            and (batch + 1) % self.save_freq == 0
+        ):
+            self._save({"epoch": self._epoch, "step": self._step(), "monitor": None})
+
+    def _best_mode_known(self):
+        # Batch checkpoints only in last-finite-state mode, which is known
+        # for sure once an epoch end has shown the monitor to be missing.
+        return self.monitor is not None and not self._warned_missing_monitor
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        values = [logs.get("loss")]
+        best_mode = self._best_mode(logs)
+        if best_mode:
+            values.append(logs[self.monitor])
+        if any(v is not None and not math.isfinite(float(v)) for v in values):
+            self._recover(f"non-finite epoch logs {values}")
+            return
+        info = {"epoch": epoch + 1, "step": self._step()}
+        if best_mode:
+            value = float(logs[self.monitor])
+            better = (
+                self.best is None
+                or (self.mode == "min" and value < self.best)
+                or (self.mode == "max" and value > self.best)
+            )
+            if better:
+                if self._save(dict(info, monitor=value)):
+                    self.best = value
+                else:
+                    self._recover("non-finite weights at the end of the epoch")
+                    return
+        elif not self._save(dict(info, monitor=None)):
+            self._recover("non-finite weights at the end of the epoch")
+            return
+        if not self._recovered_this_epoch:
+            self.consecutive_recoveries = 0
+            # Epoch means are steadier references than the first batches'.
+            if logs.get("loss") is not None:
+                self.lowest_loss = min(self.lowest_loss, float(logs["loss"]))
+
+    def on_train_end(self, logs=None):
+        if not _all_finite(_snapshot(self.model.weights)):
+            self._recover("non-finite weights at the end of training")
