@@ -7,8 +7,12 @@ from keras_mogrifier._export import register
 from keras_mogrifier.layers.dual_output import DualOutput
 from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
 from keras_mogrifier.layers.rlstm_cell import RLSTMCell
+from keras_mogrifier.losses.chunked_log_softmax import chunked_target_log_softmax
+from keras_mogrifier.losses.iwae_dropout_loss import IWAEDropoutLoss
+from keras_mogrifier.metrics._token_nll_metric import TokenNLLMetric
 
 CELLS = ("lstm", "mogrifier_lstm", "rlstm", "mogrifier_rlstm")
+DEFAULT_CHUNK_SIZE = 1024
 
 
 @register
@@ -37,7 +41,8 @@ class LanguageModel(keras.Model):
     Truncated back-propagation through time: with `stateful=True` (the
     default) the recurrent state is kept in the model's
     `recurrent_state_variables` and carried from one call to the next; `fit`
-    resets it at the start of every epoch and `evaluate` at its start. The
+    resets it at the start of every epoch; `evaluate` starts from zero state
+    and puts the carried state back when it ends. The
     state variables have room for `batch_size * samples` rows; a call with a
     smaller batch uses and updates the leading rows, so the same model
     evaluates with a batch of 1.
@@ -47,6 +52,19 @@ class LanguageModel(keras.Model):
     and the logits come out as `(batch, D, time, vocabulary_size)`, the input
     of `IWAEDropoutLoss`. At evaluation (dropout off) the copies would be
     identical, so one is computed: logits are `(batch, time, vocab)`.
+
+    Chunked softmax: the logits of a multi-sample batch, B·D·T·V floats, are
+    the largest tensor of a word-level training step. With
+    `softmax_chunk_size=C`, `fit` never materialises them: in training,
+    `call` returns the softmax layer's *input features* instead, shaped like
+    the logits but with the features width as last axis, and `compute_loss`
+    computes the log-probability of each target `C` tokens at a time (the
+    backward pass recomputes each chunk; see `chunked_target_log_softmax`
+    and `target_log_probabilities`). The loss compiled must be an
+    `IWAEDropoutLoss`; its value and gradients are those of the unchunked
+    model. Training metrics must be `Perplexity` or `BitsPerCharacter`
+    (they only need the target's probability). Evaluation and `predict`
+    return logits as usual (one sample, D times smaller).
 
     At evaluation the logits are multiplied by the softmax temperature
     (`temperature`, a non-trainable variable; see `search_temperature`).
@@ -89,6 +107,10 @@ class LanguageModel(keras.Model):
             `0.0`.
         samples: int. Dropout samples D per sequence in training. Defaults to
             `1`.
+        softmax_chunk_size: int or None. In training, compute the loss from
+            the softmax features this many tokens at a time instead of
+            returning logits (see above). `None` returns logits. Defaults to
+            `None`.
         temperature: float. Softmax temperature τ (logits × τ at
             evaluation). Defaults to `1.0`.
         stateful: bool. Carry the recurrent state across calls. Defaults to
@@ -149,6 +171,7 @@ class LanguageModel(keras.Model):
         dual_units=None,
         dual_dropout=0.0,
         samples=1,
+        softmax_chunk_size=None,
         temperature=1.0,
         stateful=True,
         batch_size=None,
@@ -179,6 +202,9 @@ class LanguageModel(keras.Model):
         }
         dual_units = v.optional_positive_int("dual_units", dual_units)
         samples = v.positive_int("samples", samples)
+        softmax_chunk_size = v.optional_positive_int(
+            "softmax_chunk_size", softmax_chunk_size
+        )
         temperature = v.positive_float("temperature", temperature)
         batch_size = v.optional_positive_int("batch_size", batch_size)
         l2 = v.non_negative_float("l2", l2)
@@ -209,6 +235,7 @@ class LanguageModel(keras.Model):
         self.dual_units = dual_units
         self.dual_dropout = rates["dual_dropout"]
         self.samples = samples
+        self.softmax_chunk_size = softmax_chunk_size
         self.temperature = temperature
         self.stateful = bool(stateful)
         self.batch_size = batch_size
@@ -220,6 +247,9 @@ class LanguageModel(keras.Model):
         self.adaptation_streams = adaptation_streams
         self.adaptation_layer = adaptation_layer
         self.seed = seed
+        # Carries the target log-probabilities of a chunked training step
+        # from `compute_loss` to `compute_metrics` (not tracked by Keras).
+        self._log_prob_cache = _Cache()
 
         width = embedding_dim or units
         regularizer = keras.regularizers.L2(l2) if l2 > 0 else None
@@ -342,6 +372,15 @@ class LanguageModel(keras.Model):
         if self.projection is not None:
             self.projection.build((None, None, head))
             head = width
+        if self.softmax_chunk_size is not None and head == self.vocabulary_size:
+            raise ValueError(
+                "Expected the softmax input width to differ from "
+                "`vocabulary_size` with `softmax_chunk_size` set (features "
+                "and logits must be told apart); at this vocabulary size the "
+                "logits are small: use softmax_chunk_size=None. Received: "
+                f"width {head}, vocabulary_size={self.vocabulary_size}"
+            )
+        self.softmax_width = head
         if self.output_layer is not None:
             self.output_layer.build((None, None, head))
             self.output_bias = None
@@ -416,6 +455,9 @@ class LanguageModel(keras.Model):
             x = self.output_dropout_layer(x, training=training)
         if self.projection is not None:
             x = self.projection(x)
+        if bool(training) and self.softmax_chunk_size is not None:
+            # The softmax runs chunk by chunk in `compute_loss`.
+            return self._sample_axis(x, batch) if multi_sample else x
         if self.output_layer is not None:
             logits = self.output_layer(x)
         else:
@@ -426,11 +468,147 @@ class LanguageModel(keras.Model):
         if not training:
             logits = logits * self.temperature_variable
         if multi_sample:
-            logits = ops.reshape(
-                logits, (self.samples, batch) + tuple(ops.shape(logits)[1:])
-            )
-            logits = ops.transpose(logits, (1, 0, 2, 3))
+            logits = self._sample_axis(logits, batch)
         return logits
+
+    def _sample_axis(self, x, batch):
+        # Rows are copy-major (the ids were tiled): (D·B, ...) -> (B, D, ...).
+        x = ops.reshape(x, (self.samples, batch) + tuple(ops.shape(x)[1:]))
+        return ops.transpose(x, (1, 0, 2, 3))
+
+    # === Chunked softmax ===
+
+    def softmax_weights(self):
+        """The softmax layer's `(kernel, bias)`: kernel `(width, vocab)`.
+
+        With tied embeddings the kernel is the transposed embedding table.
+        """
+        if self.output_layer is not None:
+            bias = self.output_layer.bias
+            if bias is None:
+                bias = ops.zeros((self.vocabulary_size,))
+            return self.output_layer.kernel, bias
+        return ops.transpose(self.embedding.embeddings), self.output_bias
+
+    def target_log_probabilities(self, features, targets, chunk_size=None):
+        """Log-probability of every target, from the softmax features.
+
+        `features` are what `model(x, training=True)` returns with
+        `softmax_chunk_size` set: `(batch, samples, time, width)` (or
+        `(batch, time, width)` for one sample). The logits
+        `features @ kernel + bias` are computed `chunk_size` tokens at a time
+        and never stored, in the forward or the backward pass (see
+        `chunked_target_log_softmax`).
+
+        Args:
+            features: float tensor. The softmax layer's input.
+            targets: int tensor `(batch, time)`. The target ids.
+            chunk_size: int or None. Tokens per chunk; `None` is the model's
+                `softmax_chunk_size` (or 1024 when that is unset).
+
+        Returns:
+            A float32 tensor, `features.shape[:-1]`: `log p(target)` of every
+            token of every sample.
+        """
+        features = ops.convert_to_tensor(features)
+        targets = ops.cast(targets, "int32")
+        if len(features.shape) == len(targets.shape) + 2:
+            targets = ops.broadcast_to(
+                ops.expand_dims(targets, 1), ops.shape(features)[:-1]
+            )
+        elif len(features.shape) != len(targets.shape) + 1:
+            raise ValueError(
+                "Expected features of shape `(batch, [samples,] time, "
+                "width)` for targets of shape `(batch, time)`. Received: "
+                f"features.shape={tuple(features.shape)}, "
+                f"targets.shape={tuple(targets.shape)}"
+            )
+        kernel, bias = self.softmax_weights()
+        chunk_size = chunk_size or self.softmax_chunk_size or DEFAULT_CHUNK_SIZE
+        return chunked_target_log_softmax(features, kernel, bias, targets, chunk_size)
+
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
+        if not (training and self.softmax_chunk_size is not None):
+            return super().compute_loss(
+                x, y, y_pred, sample_weight, training=training
+            )
+        loss = self.loss
+        if not isinstance(loss, IWAEDropoutLoss):
+            raise ValueError(
+                "Expected `compile(loss=IWAEDropoutLoss())` for a "
+                "LanguageModel with `softmax_chunk_size` set (the chunked "
+                "softmax computes that objective). Received: "
+                f"loss={loss!r}"
+            )
+        if loss.samples is not None and loss.samples != self.samples:
+            raise ValueError(
+                f"Expected `y_pred` to have {loss.samples} samples on axis 1 "
+                f"(IWAEDropoutLoss(samples={loss.samples})). Received: a "
+                f"model with samples={self.samples}"
+            )
+        self._check_features(y_pred)
+        log_prob = self.target_log_probabilities(y_pred, y)
+        self._log_prob_cache.value = (y_pred, log_prob)
+        objective = _LogMeanExpLoss(
+            name=loss.name, reduction=loss.reduction, dtype=loss.dtype
+        )
+        if sample_weight is not None:
+            # As IWAEDropoutLoss: per-sequence weights count once per token.
+            ids = ops.convert_to_tensor(y)
+            sample_weight = ops.convert_to_tensor(sample_weight, loss.dtype)
+            while len(sample_weight.shape) < len(ids.shape):
+                sample_weight = ops.expand_dims(sample_weight, -1)
+            sample_weight = ops.broadcast_to(sample_weight, ops.shape(ids))
+        total = objective(y, log_prob, sample_weight=sample_weight)
+        for extra in self.losses:
+            total = total + ops.sum(ops.cast(extra, total.dtype))
+        return total
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        log_prob = self._training_log_probabilities(y, y_pred)
+        if log_prob is None:
+            return super().compute_metrics(x, y, y_pred, sample_weight)
+        compiled = getattr(self, "_compile_metrics", None)
+        for metric in getattr(compiled, "metrics", []):
+            if not isinstance(metric, TokenNLLMetric):
+                raise ValueError(
+                    "Expected training metrics of the target's probability "
+                    "(`Perplexity`, `BitsPerCharacter`) with "
+                    "`softmax_chunk_size` set: the logits are never formed. "
+                    f"Received: metric {metric.name!r} "
+                    f"({type(metric).__name__})"
+                )
+        # Two logits, "the target" and "anything else", carry the target's
+        # probability exactly: log_softmax([lp, log(1 − e^lp)])[0] = lp.
+        log_prob = ops.stop_gradient(log_prob)
+        two_way = ops.stack([log_prob, _log1mexp(log_prob)], axis=-1)
+        return super().compute_metrics(
+            x, ops.zeros_like(y), two_way, sample_weight
+        )
+
+    def _training_log_probabilities(self, y, y_pred):
+        # The features of a chunked training step, or None for logits.
+        cached = self._log_prob_cache.value
+        self._log_prob_cache.value = None
+        if cached is not None and cached[0] is y_pred:
+            return cached[1]
+        if (
+            self.softmax_chunk_size is None
+            or not self.built
+            or y_pred.shape[-1] != self.softmax_width
+        ):
+            return None
+        return self.target_log_probabilities(y_pred, y)
+
+    def _check_features(self, y_pred):
+        if y_pred.shape[-1] != self.softmax_width:
+            raise ValueError(
+                "Expected the softmax features of a chunked training step, "
+                f"last axis {self.softmax_width}, as `y_pred`. Received: "
+                f"y_pred.shape={tuple(y_pred.shape)}"
+            )
 
     # === Recurrent state ===
 
@@ -461,13 +639,17 @@ class LanguageModel(keras.Model):
     def evaluate(self, x=None, y=None, *args, **kwargs):
         self._check_ids(x, "x")
         self._check_ids(y, "y")
-        if self.built:
-            self.reset_states()
+        # Evaluation starts from zero state and leaves the carried training
+        # state as it found it, so evaluating mid-epoch (e.g. Two-Tailed
+        # Averaging every E steps) does not disturb truncated BPTT.
+        carried = list(getattr(self, "recurrent_state_variables", []))
+        saved = [ops.copy(v) for v in carried]
+        self.reset_states()
         try:
             return super().evaluate(x, y, *args, **kwargs)
         finally:
-            if self.built:
-                self.reset_states()
+            for variable, value in zip(carried, saved):
+                variable.assign(value)
 
     def predict(self, x, *args, **kwargs):
         self._check_ids(x, "x")
@@ -504,6 +686,7 @@ class LanguageModel(keras.Model):
                 "dual_units": self.dual_units,
                 "dual_dropout": self.dual_dropout,
                 "samples": self.samples,
+                "softmax_chunk_size": self.softmax_chunk_size,
                 "temperature": self.temperature,
                 "stateful": self.stateful,
                 "batch_size": self.batch_size,
@@ -565,6 +748,39 @@ def _sum(tensors):
     for t in tensors[1:]:
         total = total + t
     return total
+
+
+class _Cache:
+    """A plain holder, invisible to Keras's attribute tracking."""
+
+    value = None
+
+
+def _log1mexp(x):
+    """log(1 − eˣ) for x ≤ 0, accurate at both ends."""
+    x = ops.minimum(x, 0.0)
+    near_zero = ops.greater(x, -0.6931472)
+    safe_near = ops.where(near_zero, x, -1.0)
+    safe_far = ops.where(near_zero, -1.0, x)
+    return ops.where(
+        near_zero,
+        ops.log(-ops.expm1(safe_near)),
+        ops.log1p(-ops.exp(safe_far)),
+    )
+
+
+class _LogMeanExpLoss(keras.losses.Loss):
+    """IWAEDropoutLoss from target log-probabilities instead of logits.
+
+    `y_pred` is `log p_d(w_t)`, `(batch, samples, time)` or `(batch, time)`;
+    the loss of a token is `−(logsumexp_d y_pred − ln D)`.
+    """
+
+    def call(self, y_true, y_pred):
+        if len(y_pred.shape) == len(y_true.shape) + 1:
+            samples = ops.cast(ops.shape(y_pred)[1], y_pred.dtype)
+            y_pred = ops.logsumexp(y_pred, axis=1) - ops.log(samples)
+        return ops.negative(y_pred)
 
 
 class _ResetStatesEachEpoch(keras.callbacks.Callback):

@@ -16,6 +16,8 @@ import keras
 import numpy as np
 
 from keras_mogrifier import _validation
+from keras_mogrifier.callbacks.divergence_recovery import DivergenceRecovery
+from keras_mogrifier.callbacks.two_tailed_averaging import TwoTailedAveraging
 from keras_mogrifier.data.batching import StreamDataset
 from keras_mogrifier.evaluation.dynamic_evaluation_search import (
     search_dynamic_evaluation,
@@ -25,6 +27,10 @@ from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.losses.iwae_dropout_loss import IWAEDropoutLoss
 from keras_mogrifier.metrics.perplexity import Perplexity
 from keras_mogrifier.models.language_model import LanguageModel
+from keras_mogrifier.optimizers.rectified_adam import RectifiedAdam
+from keras_mogrifier.optimizers.two_tailed_averaging_optimizer import (
+    TwoTailedAveragingOptimizer,
+)
 from keras_mogrifier.pipeline.presets import get_preset
 
 OPTIMIZERS = ("sgd", "adam", "radam")
@@ -47,12 +53,16 @@ def build_optimizer(training):
         if training.get(clip):
             kwargs[clip] = training[clip]
     if name == "sgd":
-        return keras.optimizers.SGD(**kwargs)
-    if name == "adam":
-        return keras.optimizers.Adam(beta_1=training["beta_1"], **kwargs)
-    from keras_mogrifier.optimizers.rectified_adam import RectifiedAdam
-
-    return RectifiedAdam(beta_1=training["beta_1"], **kwargs)
+        optimizer = keras.optimizers.SGD(**kwargs)
+    elif name == "adam":
+        optimizer = keras.optimizers.Adam(beta_1=training["beta_1"], **kwargs)
+    else:
+        optimizer = RectifiedAdam(beta_1=training["beta_1"], **kwargs)
+    if training.get("two_tailed_averaging"):
+        # The running means live in the optimizer, updated in the compiled
+        # step; the TwoTailedAveraging callback switches and restarts them.
+        optimizer = TwoTailedAveragingOptimizer(optimizer)
+    return optimizer
 
 
 def compile_language_model(model, training):
@@ -85,8 +95,8 @@ def _halving_schedule(base, after):
     return schedule
 
 
-def training_callbacks(training, checkpoint_dir=None):
-    """Callbacks of a training config: schedule, recovery, checkpoints."""
+def training_callbacks(training, checkpoint_dir=None, validation_data=None):
+    """Callbacks of a training config: schedule, recovery, averaging, saving."""
     callbacks = []
     if training.get("halve_after_epoch"):
         callbacks.append(
@@ -97,17 +107,21 @@ def training_callbacks(training, checkpoint_dir=None):
             )
         )
     if training.get("divergence_recovery"):
-        from keras_mogrifier.callbacks.divergence_recovery import (
-            DivergenceRecovery,
-        )
-
+        # Before TwoTailedAveraging: a recovery restores the averages too.
         callbacks.append(DivergenceRecovery())
     if training.get("two_tailed_averaging"):
-        from keras_mogrifier.callbacks.two_tailed_averaging import (
-            TwoTailedAveraging,
+        if validation_data is None:
+            raise ValueError(
+                "Expected validation data for Two-Tailed Averaging, which "
+                "compares the averages on it. Received: validation_data=None"
+            )
+        callbacks.append(
+            TwoTailedAveraging(
+                validation_data,
+                evaluation_frequency=training["averaging_frequency"],
+                monitor="perplexity",
+            )
         )
-
-        callbacks.append(TwoTailedAveraging())
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
         callbacks.append(_EpochCheckpoint(checkpoint_dir))
@@ -267,7 +281,7 @@ def run_experiment(
         epochs=training["epochs"],
         initial_epoch=initial_epoch,
         shuffle=False,
-        callbacks=training_callbacks(training, checkpoint_dir),
+        callbacks=training_callbacks(training, checkpoint_dir, valid_data),
         verbose=verbose,
     )
     train_seconds = time.time() - start

@@ -130,6 +130,7 @@ TRAINING_DEFAULTS = {
     "global_clipnorm": None,
     "halve_after_epoch": None,
     "two_tailed_averaging": False,
+    "averaging_frequency": 1000,
     "divergence_recovery": False,
     "eval_batch_size": None,
     "max_tokens": None,

@@ -144,9 +144,12 @@ def test_fit_resets_state_each_epoch_and_evaluate_resets():
     model.fit(ids, ids, batch_size=B, epochs=3, verbose=0, callbacks=[Spy()])
     assert seen == [0.0, 0.0, 0.0]
     assert np.abs(np.asarray(model.recurrent_state_variables[0])).sum() > 0
+    carried = np.asarray(model.recurrent_state_variables[0]).copy()
     a = model.evaluate(ids, ids, batch_size=B, verbose=0)
     b = model.evaluate(ids, ids, batch_size=B, verbose=0)
-    assert a == pytest.approx(b, rel=1e-6)
+    assert a == pytest.approx(b, rel=1e-6)  # each starts from zero state
+    # The carried training state is put back (mid-epoch evaluations are safe).
+    np.testing.assert_array_equal(model.recurrent_state_variables[0], carried)
 
 
 def test_multi_sample_training_output():
