@@ -13,7 +13,11 @@ def test_small_preset_is_zaremba_exactly():
     assert all(m.get(k, 0.0) == 0.0 for k in ("input_dropout", "state_dropout", "output_dropout", "cell_output_dropout"))
     assert m["initializer"]["config"]["minval"] == -0.1 and m["initializer"]["config"]["maxval"] == 0.1
     assert (t["batch_size"], t["sequence_length"], t["epochs"]) == (20, 20, 13)
-    assert (t["optimizer"], t["learning_rate"], t["halve_after_epoch"], t["global_clipnorm"]) == ("sgd", 1.0, 4, 5.0)
+    # Zaremba: SGD at 1, clip 5, on the loss summed over the T = 20 steps;
+    # the same updates on the per-token mean loss: lr × T, clip / T.
+    T = t["sequence_length"]
+    assert (t["optimizer"], t["halve_after_epoch"]) == ("sgd", 4)
+    assert t["learning_rate"] / T == 1.0 and t["global_clipnorm"] * T == 5.0
 
 
 def test_paper_preset_follows_circling_back():
