@@ -1,0 +1,852 @@
+"""Dynamic evaluation (Krause et al., 2018) with a fit-style API."""
+
+import math
+import numbers
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mogrifier import _validation
+from keras_mogrifier.backend import get_backend_module
+from keras_mogrifier.evaluation import _recurrent_state
+
+ADAPTATION_KERNEL_NAME = "adaptation_kernel"
+NORMALIZERS = ("tensor_mean", "global_mean")
+
+
+class DynamicEvaluator(keras.callbacks.Callback):
+    """Scores a token stream while adapting the model to it (dynamic evaluation).
+
+    The stream `w_0 … w_N` is cut into segments of `segment_length` predicted
+    tokens. Each segment is first scored with the current weights θ (the
+    reported loss: predict, then adapt); then the gradient `g` of its **mean**
+    token cross-entropy (truncated at the segment start, the recurrent state
+    carried over from the previous segment) updates every adapted variable:
+
+    ```
+    θ ← θ − η · g / (RMS + ε) + min(1, λ · RMS / mean(RMS)) ⊙ (θ_g − θ)
+    ```
+
+    where θ_g are the trained weights, both terms use θ before the step,
+    `RMS = sqrt(MS_g)` with `MS_g` the mean over training minibatches of the
+    squared gradient of each minibatch's mean loss (see
+    `collect_gradient_statistics`), and `mean(RMS)` is the mean over variables
+    of each variable's mean RMS (`normalizer="tensor_mean"`, as in Krause's
+    released code) or the mean over all elements (`"global_mean"`, as in the
+    Mogrifier authors' code). With `learning_rate=0` the result is exactly the
+    static evaluation; with `decay_rate=0` it is RMS-normalised SGD.
+
+    The model maps token ids `(batch, time)` to logits `(batch, time, vocab)`;
+    the evaluator computes the sparse cross-entropy from the logits itself,
+    with dropout off, so the model need not be compiled. Recurrent state is
+    carried across segments when the model keeps it in variables: the
+    `states` of stateful `keras.layers.RNN` layers, and the list
+    `recurrent_state_variables` of the model or any of its layers. A model
+    with no state variables starts every segment from a zero state, so context
+    is then not carried across segments. Afterwards the model holds its
+    trained weights and its recurrent state again, exactly, also when the
+    evaluation fails or is interrupted.
+
+    Sparse dynamic evaluation (`sparse=True`, Krause et al. §6) adapts only the
+    zero-initialised `adaptation_kernel` matrices that recurrent cells create
+    with `adaptation_units=H` (`h' = h + [h[:, :H] @ M, 0]`). A cell built with
+    `adaptation_streams=S` holds one matrix per stream, shape `(S, H, H)`; the
+    evaluator then adapts `S` streams at once, each with its own matrix.
+
+    The evaluator is also a `keras.callbacks.Callback`: given
+    `validation_data` and `gradient_data`, in `fit` it evaluates the
+    validation stream dynamically at the end of the last epoch (and every
+    `frequency` epochs) and adds `val_dynamic_loss` and
+    `val_dynamic_perplexity` to that epoch's logs, so that `History`,
+    `TensorBoard` or KerasTuner placed after it in the list see them. It
+    hooks epoch events only.
+
+    Args:
+        model: `keras.Model` or `None`. The language model. Defaults to `None`
+            (the model of `fit` when used as a callback).
+        learning_rate: float. η, the step size (≥ 0). Defaults to `5e-5`.
+        decay_rate: float. λ, the rate of decay back to θ_g (≥ 0). Defaults to
+            `2e-3`.
+        epsilon: float. ε, added to RMS after the square root (> 0). Defaults
+            to `2e-5`.
+        segment_length: int. n, predicted tokens per segment and per update.
+            Defaults to `5`.
+        normalizer: str. `"tensor_mean"` or `"global_mean"`, how `mean(RMS)` is
+            taken. Defaults to `"tensor_mean"`.
+        variables: `None`, a list of the model's variables, or a callable
+            `variable -> bool` applied to `model.variables`: the adapted
+            variables. Defaults to `None`, `model.trainable_variables`.
+        sparse: bool. Adapt only the model's `adaptation_kernel` variables.
+            Defaults to `False`.
+        vocabulary_size: int or `None`. Token ids must lie in
+            `[0, vocabulary_size)`. Defaults to `None`: taken from the model
+            (`model.vocabulary_size`, its output shape and its `Embedding`
+            layers).
+        jit_compile: bool or `"auto"`. Compile the steps with XLA. Defaults to
+            `"auto"`: when a GPU is visible and every layer supports XLA.
+        validation_data: 1-D or `(streams, time)` token ids or `None`. The
+            stream evaluated in `fit`. Defaults to `None`.
+        gradient_data: the `data` of `collect_gradient_statistics` used in
+            `fit` (re-iterable: it is read every time). Defaults to `None`.
+        gradient_steps: int or `None`. `steps` for `gradient_data`. Defaults
+            to `None`.
+        gradient_batch_size: int. `batch_size` for `gradient_data`. Defaults
+            to `100`.
+        validation_batch_size: int or `None`. `batch_size` for
+            `validation_data`. Defaults to `None`.
+        frequency: int or `None`. In `fit`, also evaluate every `frequency`
+            epochs. Defaults to `None` (last epoch only).
+        verbose: int or `"auto"`. Progress of the evaluation inside `fit`.
+            Defaults to `0`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import keras
+    >>> from keras_mogrifier.evaluation import DynamicEvaluator
+    >>> model = keras.Sequential([
+    ...     keras.Input(batch_shape=(1, None), dtype="int32"),
+    ...     keras.layers.Embedding(50, 16),
+    ...     keras.layers.LSTM(16, stateful=True, return_sequences=True),
+    ...     keras.layers.Dense(50),
+    ... ])
+    >>> train = np.random.default_rng(0).integers(0, 50, 500)
+    >>> test = np.tile(np.arange(10), 20)
+    >>> ev = DynamicEvaluator(model, learning_rate=1e-3, segment_length=5)
+    >>> _ = ev.collect_gradient_statistics(train, batch_size=1)
+    >>> results = ev.evaluate(test, verbose=0)
+    >>> sorted(results)
+    ['bits_per_token', 'loss', 'num_tokens', 'perplexity']
+    >>> results["num_tokens"]
+    199
+
+    Reference:
+        Krause, Kahembwe, Murray and Renals, "Dynamic Evaluation of Neural
+        Sequence Models", ICML 2018, https://arxiv.org/abs/1709.07432
+    """
+
+    def __init__(
+        self,
+        model=None,
+        *,
+        learning_rate=5e-5,
+        decay_rate=2e-3,
+        epsilon=2e-5,
+        segment_length=5,
+        normalizer="tensor_mean",
+        variables=None,
+        sparse=False,
+        vocabulary_size=None,
+        jit_compile="auto",
+        validation_data=None,
+        gradient_data=None,
+        gradient_steps=None,
+        gradient_batch_size=100,
+        validation_batch_size=None,
+        frequency=None,
+        verbose=0,
+    ):
+        super().__init__()
+        if model is not None and not isinstance(model, keras.Layer):
+            raise ValueError(
+                "Expected `model` to be a Keras model or `None`. "
+                f"Received: model={model!r}"
+            )
+        if not (variables is None or callable(variables) or _is_sequence(variables)):
+            raise ValueError(
+                "Expected `variables` to be `None`, a list of variables or a "
+                f"callable `variable -> bool`. Received: variables={variables!r}"
+            )
+        if not isinstance(sparse, bool):
+            raise ValueError(f"Expected `sparse` to be a bool. Received: sparse={sparse!r}")
+        if sparse and variables is not None:
+            raise ValueError(
+                "Expected at most one of `sparse=True` and `variables`. "
+                f"Received: sparse={sparse!r}, variables={variables!r}"
+            )
+        if jit_compile not in ("auto", True, False):
+            raise ValueError(
+                "Expected `jit_compile` to be True, False or 'auto'. "
+                f"Received: jit_compile={jit_compile!r}"
+            )
+        _validation.optional_positive_int("vocabulary_size", vocabulary_size)
+        _validation.optional_positive_int("gradient_steps", gradient_steps)
+        _validation.positive_int("gradient_batch_size", gradient_batch_size)
+        _validation.optional_positive_int("validation_batch_size", validation_batch_size)
+        _validation.optional_positive_int("frequency", frequency)
+        _check_verbose(verbose)
+        if validation_data is not None:
+            _as_streams(validation_data, "validation_data", vocabulary_size)
+            if gradient_data is None:
+                raise ValueError(
+                    "Expected `gradient_data` (training data for the gradient "
+                    "statistics) when `validation_data` is given. "
+                    "Received: gradient_data=None"
+                )
+        self.learning_rate = learning_rate
+        self.decay_rate = decay_rate
+        self.epsilon = epsilon
+        self.segment_length = segment_length
+        self.normalizer = normalizer
+        self.variables = variables
+        self.sparse = sparse
+        self.vocabulary_size = vocabulary_size
+        self.jit_compile = jit_compile
+        self.validation_data = validation_data
+        self.gradient_data = gradient_data
+        self.gradient_steps = gradient_steps
+        self.gradient_batch_size = gradient_batch_size
+        self.validation_batch_size = validation_batch_size
+        self.frequency = frequency
+        self.verbose = verbose
+        self._backend = get_backend_module()
+        self._steps = {}
+        self._steps_model = None
+        self._statistics = None  # (variables, [MS_g tensors in the variables' shapes])
+        if model is not None:
+            self.set_model(model)
+
+    # === Hyperparameters (validated whenever set) ===
+
+    @property
+    def learning_rate(self):
+        return self._learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self._learning_rate = _validation.non_negative_float("learning_rate", value)
+
+    @property
+    def decay_rate(self):
+        return self._decay_rate
+
+    @decay_rate.setter
+    def decay_rate(self, value):
+        self._decay_rate = _validation.non_negative_float("decay_rate", value)
+
+    @property
+    def epsilon(self):
+        return self._epsilon
+
+    @epsilon.setter
+    def epsilon(self, value):
+        self._epsilon = _validation.positive_float("epsilon", value)
+
+    @property
+    def segment_length(self):
+        return self._segment_length
+
+    @segment_length.setter
+    def segment_length(self, value):
+        self._segment_length = _validation.positive_int("segment_length", value)
+
+    @property
+    def normalizer(self):
+        return self._normalizer
+
+    @normalizer.setter
+    def normalizer(self, value):
+        self._normalizer = _validation.one_of("normalizer", value, NORMALIZERS)
+
+    # === Adapted variables and statistics ===
+
+    def adapted_variables(self):
+        """The model's variables that dynamic evaluation adapts (a list)."""
+        model = self._require_model()
+        if self.sparse:
+            chosen = [v for v in model.variables if _is_adaptation_kernel(v)]
+            if not chosen:
+                raise ValueError(
+                    "Expected the model to hold `adaptation_kernel` variables for "
+                    "`sparse=True` (build its recurrent cells with "
+                    "`adaptation_units=H`). Received a model without any."
+                )
+        elif self.variables is None:
+            chosen = list(model.trainable_variables)
+        elif callable(self.variables):
+            chosen = [v for v in model.variables if self.variables(v)]
+        else:
+            known = {id(v) for v in model.variables}
+            chosen = list(self.variables)
+            for v in chosen:
+                if id(v) not in known:
+                    raise ValueError(
+                        "Expected every entry of `variables` to be a variable "
+                        f"of the model. Received: {v!r}"
+                    )
+        unique, seen = [], set()
+        for v in chosen:
+            if id(v) not in seen:
+                seen.add(id(v))
+                unique.append(v)
+        if not unique:
+            raise ValueError(
+                "Expected at least one variable to adapt. Received: no variables "
+                f"(variables={self.variables!r})"
+            )
+        for v in unique:
+            if not keras.backend.is_float_dtype(v.dtype):
+                raise ValueError(
+                    f"Expected adapted variables to be floating point. Received: "
+                    f"{v.path} of dtype {v.dtype}"
+                )
+        return unique
+
+    @property
+    def gradient_statistics(self):
+        """`{variable.path: MS_g}` as NumPy arrays, or `None` before collection.
+
+        Assign a dict of the same form (e.g. saved from an earlier run on the
+        same trained weights) to skip `collect_gradient_statistics`.
+        """
+        if self._statistics is None:
+            return None
+        variables, values = self._statistics
+        return {v.path: np.asarray(ops.convert_to_numpy(m)) for v, m in zip(variables, values)}
+
+    @gradient_statistics.setter
+    def gradient_statistics(self, values):
+        if values is None:
+            self._statistics = None
+            return
+        variables = self.adapted_variables()
+        if not isinstance(values, dict):
+            raise ValueError(
+                "Expected `gradient_statistics` to be a dict `{variable.path: "
+                f"array}}`. Received: {type(values).__name__}"
+            )
+        tensors = []
+        for v in variables:
+            if v.path not in values:
+                raise ValueError(
+                    f"Expected `gradient_statistics` to hold {v.path!r}. Received "
+                    f"keys: {sorted(values)}"
+                )
+            value = np.asarray(values[v.path], dtype="float32")
+            if value.shape != tuple(v.shape) or not np.all(np.isfinite(value)) or np.any(value < 0):
+                raise ValueError(
+                    f"Expected `gradient_statistics[{v.path!r}]` to be finite, "
+                    f"non-negative and of shape {tuple(v.shape)}. Received: shape "
+                    f"{value.shape}"
+                )
+            tensors.append(ops.convert_to_tensor(value))
+        self._statistics = (variables, tensors)
+
+    def collect_gradient_statistics(self, data, steps=None, batch_size=100, segment_length=None):
+        """Gathers `MS_g`, the mean squared minibatch gradient, on training data.
+
+        For every batch the gradient of the batch's mean token loss is taken
+        with respect to the adapted variables (dropout off, weights unchanged)
+        and squared; `MS_g` is the mean of these squares over the batches.
+        The recurrent state is carried from batch to batch, starts from zero,
+        and the model's state is restored afterwards. In sparse mode the
+        `adaptation_kernel` matrices stay at their value (zero) while this
+        runs; a per-stream matrix gets the statistics of one matrix shared by
+        the batch, so `batch_size` must then equal its number of streams.
+
+        Args:
+            data: a 1-D stream of token ids, which is cut into `batch_size`
+                contiguous streams and windows of `segment_length` tokens; or
+                an iterable (a `tf.data.Dataset`, a `keras.utils.PyDataset`
+                such as `keras_mogrifier.data.StreamDataset`, a list, a
+                generator) of `(x, y)` or `(x, y, sample_weight)` batches of
+                token ids `(batch, time)`, used as given (the mean loss of a
+                batch is then weighted).
+            steps: int or `None`. At most this many batches. Defaults to
+                `None` (all).
+            batch_size: int. Streams per batch for a 1-D `data`. Defaults to
+                `100`.
+            segment_length: int or `None`. Window length for a 1-D `data`.
+                Defaults to `None`, the evaluator's `segment_length`.
+
+        Returns:
+            A dict with `loss` (the mean training loss over the batches) and
+            `num_batches`.
+        """
+        _validation.optional_positive_int("steps", steps)
+        _validation.positive_int("batch_size", batch_size)
+        _validation.optional_positive_int("segment_length", segment_length)
+        n = segment_length or self.segment_length
+        model = self._require_model()
+        variables = self.adapted_variables()
+        per_stream = [_is_per_stream(v) for v in variables]
+        limit = self._vocabulary_limit(model)
+        stream = _as_training_stream(data)
+        if stream is not None:
+            stream = _check_ids(stream[None], "data", limit)[0]
+            length = stream.shape[0] // batch_size
+            windows = (length - 1) // n
+            if windows < 1:
+                raise ValueError(
+                    f"Expected `data` to hold at least `batch_size * "
+                    f"(segment_length + 1)` = {batch_size * (n + 1)} tokens. "
+                    f"Received: {stream.shape[0]} tokens"
+                )
+            self._check_batch(model, batch_size, "`batch_size`")
+            streams = stream[: length * batch_size].reshape(batch_size, length)
+            batches = (
+                (streams[:, i * n : (i + 1) * n], streams[:, i * n + 1 : (i + 1) * n + 1])
+                for i in range(windows)
+            )
+        else:
+            batches = iter(data)
+
+        step, accumulators = self._step("statistics", variables, per_stream=per_stream)
+        states = _recurrent_state.state_variables(model)
+        saved_states = _recurrent_state.snapshot(states)
+        count, loss_sum = 0, 0.0
+        try:
+            for acc in accumulators:
+                acc.assign(ops.zeros(acc.shape, acc.dtype))
+            _recurrent_state.reset(states)
+            for batch in batches:
+                if steps is not None and count >= steps:
+                    break
+                x, y, w = self._check_batch_pair(model, batch, limit)
+                loss_sum += float(step(x, y, w))
+                count += 1
+            if count == 0:
+                raise ValueError("Expected `data` to yield at least one batch. Received none.")
+            statistics = []
+            for v, acc, ps in zip(variables, accumulators, per_stream):
+                ms = ops.convert_to_tensor(acc) / count
+                statistics.append(ops.broadcast_to(ms, v.shape) if ps else ms)
+        finally:
+            _recurrent_state.assign(states, saved_states)
+        self._statistics = (variables, statistics)
+        return {"loss": loss_sum / count, "num_batches": count}
+
+    # === Evaluation ===
+
+    def evaluate(
+        self,
+        x,
+        batch_size=None,
+        callbacks=None,
+        verbose="auto",
+        adapt=True,
+        return_token_losses=False,
+    ):
+        """Scores `x` with dynamic evaluation and returns the metrics.
+
+        Args:
+            x: token ids, a 1-D stream or `(streams, time)` independent
+                streams of equal length; each stream is adapted on its own,
+                starting from the trained weights. The first token of a stream
+                is context only; `x[..., 1:]` are predicted.
+            batch_size: int or `None`. Streams run at once. Adapting shared
+                weights needs one stream at a time (1); per-stream
+                `adaptation_kernel` matrices need exactly their number of
+                streams, which is then the default. Defaults to `None`.
+            callbacks: list of `keras.callbacks.Callback` or `None`. They get
+                `on_test_begin`, `on_test_batch_begin/end` (one batch per
+                segment, logs with the running `loss` and `perplexity`) and
+                `on_test_end`. Defaults to `None`.
+            verbose: `"auto"`, 0, 1 or 2. Progress bar. Defaults to `"auto"`
+                (1).
+            adapt: bool. `False` scores the stream statically, with the same
+                segments and carried state, and needs no gradient statistics.
+                Defaults to `True`.
+            return_token_losses: bool. Also return `token_losses`, a float32
+                array `(streams, time - 1)` of the loss of every predicted
+                token. Defaults to `False`.
+
+        Returns:
+            A dict with `loss` (the token-weighted mean cross-entropy in nats),
+            `perplexity` (`exp(loss)`), `bits_per_token` (`loss / ln 2`) and
+            `num_tokens` (predicted tokens), and `token_losses` if asked.
+        """
+        if not isinstance(adapt, bool):
+            raise ValueError(f"Expected `adapt` to be a bool. Received: adapt={adapt!r}")
+        _check_verbose(verbose)
+        verbose = 1 if verbose == "auto" else verbose
+        callbacks = _check_callbacks(callbacks)
+        _validation.optional_positive_int("batch_size", batch_size)
+        model = self._require_model()
+        streams = _as_streams(x, "x", self._vocabulary_limit(model))
+
+        variables, rms, hyperparameters = [], [], None
+        stream_size = _per_stream_size(model)
+        if adapt:
+            variables = self.adapted_variables()
+            if self._statistics is None or [id(v) for v in self._statistics[0]] != [
+                id(v) for v in variables
+            ]:
+                raise ValueError(
+                    "Expected gradient statistics of the adapted variables: call "
+                    "`collect_gradient_statistics(training_data)` (or set "
+                    "`gradient_statistics`) before `evaluate`. Received none."
+                )
+            rms, hyperparameters = self._update_terms()
+            if not all(_is_per_stream(v) for v in variables):
+                if batch_size not in (None, 1):
+                    raise ValueError(
+                        "Expected `batch_size=1`: dynamic evaluation of shared "
+                        "weights adapts one stream at a time (use per-stream "
+                        "`adaptation_kernel` matrices to adapt streams in "
+                        f"parallel). Received: batch_size={batch_size}"
+                    )
+        if batch_size is None:
+            batch_size = stream_size or 1
+        if stream_size is not None and batch_size != stream_size:
+            raise ValueError(
+                f"Expected `batch_size` to equal the number of per-stream "
+                f"adaptation matrices ({stream_size}). Received: batch_size={batch_size}"
+            )
+        self._check_batch(model, batch_size, "`batch_size`")
+
+        n = self.segment_length
+        num_streams, time = streams.shape
+        predicted = time - 1
+        num_segments = -(-predicted // n)
+        num_groups = -(-num_streams // batch_size)
+        padded_streams = num_groups * batch_size
+        inputs = np.zeros((padded_streams, num_segments * n), "int32")
+        targets = np.zeros_like(inputs)
+        weights = np.zeros(inputs.shape, "float32")
+        inputs[:num_streams, :predicted] = streams[:, :-1]
+        targets[:num_streams, :predicted] = streams[:, 1:]
+        weights[:num_streams, :predicted] = 1.0
+        # Padding streams (a short last group) repeat the first stream at
+        # weight 0, so that they run like real text but count for nothing.
+        inputs[num_streams:, :predicted] = streams[0, :-1]
+        targets[num_streams:, :predicted] = streams[0, 1:]
+        # Tokens counted after each segment of a group, for the running logs.
+        seen_per_segment = np.minimum(np.arange(1, num_segments + 1) * n, predicted)
+
+        if adapt:
+            step = self._step("dynamic", variables)
+        else:
+            step = self._step("forward", [])
+        states = _recurrent_state.state_variables(model)
+        callback_list = keras.callbacks.CallbackList(
+            callbacks,
+            add_progbar=verbose != 0,
+            model=model,
+            verbose=verbose,
+            epochs=1,
+            steps=num_groups * num_segments,
+        )
+        report = bool(callback_list.callbacks)
+
+        theta_g = _recurrent_state.snapshot(variables)
+        saved_states = _recurrent_state.snapshot(states)
+        losses = []
+        loss_sum, tokens_done = 0.0, 0
+        try:
+            callback_list.on_test_begin()
+            for group in range(num_groups):
+                rows = slice(group * batch_size, (group + 1) * batch_size)
+                group_tokens = min(batch_size, num_streams - group * batch_size)
+                if group > 0:
+                    _recurrent_state.assign(variables, theta_g)
+                _recurrent_state.reset(states)
+                x_group = ops.convert_to_tensor(inputs[rows])
+                y_group = ops.convert_to_tensor(targets[rows])
+                w_group = ops.convert_to_tensor(weights[rows])
+                for s in range(num_segments):
+                    index = group * num_segments + s
+                    callback_list.on_test_batch_begin(index)
+                    start = ops.convert_to_tensor(s * n, "int32")
+                    if adapt:
+                        segment_losses = step(
+                            x_group, y_group, w_group, start,
+                            theta_g, rms, hyperparameters,
+                        )
+                    else:
+                        segment_losses = step(x_group, y_group, w_group, start)
+                    losses.append(segment_losses)
+                    if report:
+                        values = ops.convert_to_numpy(segment_losses)
+                        loss_sum += float(np.sum(values, dtype="float64"))
+                        seen = tokens_done + group_tokens * int(seen_per_segment[s])
+                        running = loss_sum / seen
+                        callback_list.on_test_batch_end(
+                            index, {"loss": running, "perplexity": _safe_exp(running)}
+                        )
+                tokens_done += group_tokens * predicted
+        finally:
+            _recurrent_state.assign(variables, theta_g)
+            _recurrent_state.assign(states, saved_states)
+
+        per_group = []
+        for g in range(num_groups):
+            segments = losses[g * num_segments : (g + 1) * num_segments]
+            per_group.append(np.concatenate([ops.convert_to_numpy(t) for t in segments], axis=1))
+        token_losses = np.concatenate(per_group, axis=0)[:num_streams, :predicted]
+        loss = float(np.sum(token_losses, dtype="float64") / token_losses.size)
+        results = {
+            "loss": loss,
+            "perplexity": _safe_exp(loss),
+            "bits_per_token": loss / math.log(2.0),
+            "num_tokens": int(token_losses.size),
+        }
+        callback_list.on_test_end(
+            {k: results[k] for k in ("loss", "perplexity", "bits_per_token")}
+        )
+        if return_token_losses:
+            results["token_losses"] = token_losses
+        return results
+
+    # === Callback ===
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.validation_data is None:
+            return
+        epochs = (self.params or {}).get("epochs")
+        last = epochs is not None and epoch + 1 == epochs
+        periodic = self.frequency is not None and (epoch + 1) % self.frequency == 0
+        if not (last or periodic):
+            return
+        self.collect_gradient_statistics(
+            self.gradient_data,
+            steps=self.gradient_steps,
+            batch_size=self.gradient_batch_size,
+        )
+        results = self.evaluate(
+            self.validation_data,
+            batch_size=self.validation_batch_size,
+            verbose=self.verbose,
+        )
+        if logs is not None:
+            logs["val_dynamic_loss"] = results["loss"]
+            logs["val_dynamic_perplexity"] = results["perplexity"]
+
+    # === Internals ===
+
+    def _require_model(self):
+        model = self._model
+        if model is None:
+            raise ValueError(
+                "Expected a model: pass `model` to `DynamicEvaluator` or use it "
+                "as a callback in `fit`. Received: model=None"
+            )
+        if not model.built:
+            raise ValueError(
+                "Expected a built model (call it once, or give it an `Input`). "
+                f"Received an unbuilt model: {model.name}"
+            )
+        return model
+
+    def _vocabulary_limit(self, model):
+        if self.vocabulary_size is not None:
+            return self.vocabulary_size
+        limits = []
+        size = getattr(model, "vocabulary_size", None)
+        if isinstance(size, numbers.Integral):
+            limits.append(int(size))
+        try:
+            last = model.output_shape[-1]
+            if isinstance(last, numbers.Integral):
+                limits.append(int(last))
+        except (AttributeError, ValueError, TypeError, IndexError):
+            pass
+        for layer in _recurrent_state._layers(model):
+            if isinstance(layer, keras.layers.Embedding):
+                limits.append(int(layer.input_dim))
+        return min(limits) if limits else None
+
+    def _check_batch(self, model, batch_size, subject):
+        message = _recurrent_state.batch_size_error(model, batch_size, subject)
+        if message:
+            raise ValueError(message)
+
+    def _check_batch_pair(self, model, batch, limit):
+        if not (isinstance(batch, (tuple, list)) and len(batch) in (2, 3)):
+            raise ValueError(
+                "Expected `data` to yield `(x, y)` or `(x, y, sample_weight)` "
+                f"batches of token ids. Received: {type(batch).__name__}"
+            )
+        x, y = (np.asarray(ops.convert_to_numpy(t)) for t in batch[:2])
+        if x.ndim != 2 or x.shape != y.shape:
+            raise ValueError(
+                "Expected `x` and `y` of a batch to have the same shape "
+                f"(batch, time). Received: {x.shape} and {y.shape}"
+            )
+        if len(batch) == 3:
+            w = np.asarray(ops.convert_to_numpy(batch[2]), "float32")
+            if w.shape != y.shape or not np.all(np.isfinite(w)) or np.any(w < 0):
+                raise ValueError(
+                    "Expected the sample weights of a batch to be finite, "
+                    f"non-negative and of shape {y.shape}. Received shape {w.shape}"
+                )
+        else:
+            w = np.ones(y.shape, "float32")
+        x = _check_ids(x, "data", limit)
+        y = _check_ids(y, "data", limit)
+        size = _per_stream_size(model)
+        if size is not None and x.shape[0] != size:
+            raise ValueError(
+                f"Expected batches of exactly {size} streams, the number of "
+                f"per-stream adaptation matrices. Received: {x.shape[0]}"
+            )
+        self._check_batch(model, x.shape[0], "the batch size of `data`")
+        return ops.convert_to_tensor(x), ops.convert_to_tensor(y), ops.convert_to_tensor(w)
+
+    def _update_terms(self):
+        """`RMS = sqrt(MS_g)` per variable and the float32 vector `[η, ε, λ, mean(RMS)]`."""
+        rms = [ops.sqrt(ms) for ms in self._statistics[1]]
+        if self.normalizer == "tensor_mean":
+            mean_rms = float(np.mean([float(ops.mean(r)) for r in rms]))
+        else:
+            total = sum(float(ops.sum(ops.cast(r, "float64"))) for r in rms)
+            mean_rms = total / sum(int(np.prod(r.shape)) for r in rms)
+        if not mean_rms > 0:
+            raise ValueError(
+                "Expected gradient statistics with a non-zero mean RMS. "
+                "Received all-zero statistics (do the adapted variables "
+                "affect the loss?)"
+            )
+        hyperparameters = ops.convert_to_tensor(
+            [self.learning_rate, self.epsilon, self.decay_rate, mean_rms], "float32"
+        )
+        return rms, hyperparameters
+
+    def _step(self, kind, variables, per_stream=None):
+        model = self._model
+        if self._steps_model is not model:
+            self._steps = {}
+            self._steps_model = model
+        jit = self.jit_compile
+        if jit == "auto":
+            jit = self._backend.default_jit_compile(model)
+        n = self.segment_length
+        key = (kind, tuple(id(v) for v in variables), n, jit)
+        if key not in self._steps:
+            if kind == "forward":
+                built = self._backend.make_forward_step(model, n, jit)
+            elif kind == "dynamic":
+                built = self._backend.make_dynamic_step(model, variables, n, jit)
+            else:
+                built = self._backend.make_gradient_statistics_step(
+                    model, variables, per_stream, jit
+                )
+            self._steps[key] = built
+        return self._steps[key]
+
+
+def _is_sequence(value):
+    return isinstance(value, (list, tuple))
+
+
+def _is_adaptation_kernel(variable):
+    return variable.name == ADAPTATION_KERNEL_NAME or variable.path.endswith(
+        "/" + ADAPTATION_KERNEL_NAME
+    )
+
+
+def _is_per_stream(variable):
+    return _is_adaptation_kernel(variable) and len(variable.shape) == 3
+
+
+def _per_stream_size(model):
+    sizes = {int(v.shape[0]) for v in model.variables if _is_per_stream(v)}
+    if len(sizes) > 1:
+        raise ValueError(
+            "Expected every per-stream `adaptation_kernel` of the model to have "
+            f"the same number of streams. Received: {sorted(sizes)}"
+        )
+    return sizes.pop() if sizes else None
+
+
+def _check_verbose(verbose):
+    if verbose not in ("auto", 0, 1, 2) or isinstance(verbose, bool):
+        raise ValueError(
+            f"Expected `verbose` to be 'auto', 0, 1 or 2. Received: verbose={verbose!r}"
+        )
+
+
+def _check_callbacks(callbacks):
+    if callbacks is None:
+        return []
+    if not _is_sequence(callbacks) or not all(
+        isinstance(c, keras.callbacks.Callback) for c in callbacks
+    ):
+        raise ValueError(
+            "Expected `callbacks` to be a list of `keras.callbacks.Callback`. "
+            f"Received: callbacks={callbacks!r}"
+        )
+    return list(callbacks)
+
+
+def _to_numpy(value):
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (list, tuple)):
+        return np.asarray(value)
+    return np.asarray(ops.convert_to_numpy(value))
+
+
+def _check_ids(array, name, limit):
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(
+            f"Expected `{name}` to hold integer token ids. Received dtype {array.dtype}"
+        )
+    if array.size and array.min() < 0:
+        raise ValueError(
+            f"Expected the token ids in `{name}` to be non-negative. Received "
+            f"id {int(array.min())}"
+        )
+    if limit is not None and array.size and array.max() >= limit:
+        raise ValueError(
+            f"Expected the token ids in `{name}` to be less than the vocabulary "
+            f"size {limit}. Received id {int(array.max())}"
+        )
+    return array.astype("int32")
+
+
+def _as_streams(x, name, limit):
+    """`x` as int32 `(streams, time)` after every check, or a ValueError."""
+    try:
+        array = _to_numpy(x)
+    except Exception as error:  # ragged lists, objects NumPy cannot read
+        raise ValueError(
+            f"Expected `{name}` to be an array of token ids. Received: {type(x).__name__}"
+        ) from error
+    if array.ndim == 1:
+        array = array[None]
+    if array.ndim != 2:
+        raise ValueError(
+            f"Expected `{name}` to be 1-D (one stream) or 2-D (streams, time). "
+            f"Received shape {array.shape}"
+        )
+    if array.shape[0] < 1 or array.shape[1] < 2:
+        raise ValueError(
+            f"Expected each stream of `{name}` to hold at least 2 tokens (the "
+            f"first is context only). Received shape {array.shape}"
+        )
+    return _check_ids(array, name, limit)
+
+
+def _as_training_stream(data):
+    """A 1-D array when `data` is one stream; `None` for an iterable of batches."""
+    if isinstance(data, (list, tuple)):
+        if data and all(isinstance(t, numbers.Integral) for t in data):
+            return np.asarray(data)
+        if not data:
+            raise ValueError("Expected `data` to be non-empty. Received an empty list")
+        return None
+    if isinstance(data, np.ndarray) or (
+        hasattr(data, "shape") and hasattr(data, "dtype") and not hasattr(data, "element_spec")
+    ):
+        array = _to_numpy(data)
+        if array.ndim != 1:
+            raise ValueError(
+                "Expected `data` to be a 1-D stream of token ids or an iterable "
+                f"of `(x, y)` batches. Received an array of shape {array.shape}"
+            )
+        return array
+    if not hasattr(data, "__iter__"):
+        raise ValueError(
+            "Expected `data` to be a 1-D stream of token ids or an iterable of "
+            f"`(x, y)` batches. Received: {type(data).__name__}"
+        )
+    return None
+
+
+def _safe_exp(value):
+    try:
+        return math.exp(value)
+    except OverflowError:
+        return float("inf")

@@ -1,0 +1,94 @@
+import numpy as np
+import pytest
+
+from keras_mogrifier.data.batching import StreamDataset
+from keras_mogrifier.evaluation.mc_dropout import mc_dropout_evaluate
+from keras_mogrifier.losses import IWAEDropoutLoss
+from keras_mogrifier.metrics import Perplexity
+from keras_mogrifier.models import LanguageModel
+
+V, B, N, T = 19, 2, 8, 7
+STREAM = np.random.default_rng(0).integers(0, V, size=2 * 45 + 1)  # last window padded
+DROPOUT = dict(input_dropout=0.3, cell_output_dropout=0.2, state_dropout=0.3, output_dropout=0.3)
+
+
+def _model(**kwargs):
+    model = LanguageModel(V, units=N, batch_size=B, **kwargs)
+    model.build((B, None))
+    rng = np.random.default_rng(1)
+    for w in model.trainable_weights:
+        w.assign(rng.normal(scale=0.5, size=w.shape))
+    return model
+
+
+def _numpy_ensemble_nll(model, passes, seed):
+    """Replays K passes window by window and averages probabilities in NumPy."""
+    replay = model.with_options(samples=passes, batch_size=B, seed=seed)
+    data = StreamDataset(STREAM, B, T, drop_remainder=False)
+    per_pass, ensemble, weights = [], [], []
+    for index in range(len(data)):
+        x, y, w = data[index]
+        logits = np.asarray(replay(x, training=True), "float64").reshape(B, passes, T, V)
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        target = np.take_along_axis(p, y[:, None, :, None], -1)[..., 0]  # (B, K, T)
+        ensemble.append(-np.log(target.mean(1)))
+        per_pass.append(-np.log(target))
+        weights.append(w)
+    weights = np.stack(weights)
+    mean = lambda nll: (np.stack(nll) * weights).sum() / weights.sum()  # noqa: E731
+    per_pass = np.stack(per_pass)  # (windows, B, K, T)
+    return mean(ensemble), [mean(list(per_pass[:, :, k])) for k in range(passes)], weights.sum()
+
+
+def test_matches_a_numpy_average_of_probabilities_over_passes():
+    model = _model(**DROPOUT)
+    result = mc_dropout_evaluate(model, STREAM, passes=3, batch_size=B, sequence_length=T,
+                                 seed=11, chunk_size=5)
+    expected, per_pass, tokens = _numpy_ensemble_nll(model, 3, seed=11)
+    assert result["loss"] == pytest.approx(expected, rel=1e-5)
+    assert result["perplexity"] == pytest.approx(np.exp(expected), rel=1e-5)
+    assert result["num_tokens"] == tokens == B * (len(STREAM) // B - 1)
+    assert result["passes"] == 3
+    # Averaging probabilities beats every single pass's loss on average.
+    assert expected < np.mean(per_pass)
+
+
+def test_without_dropout_equals_ordinary_evaluation():
+    model = _model()
+    model.compile(loss=IWAEDropoutLoss(), weighted_metrics=[Perplexity()])
+    logs = model.evaluate(StreamDataset(STREAM, B, T, drop_remainder=False), verbose=0,
+                          return_dict=True)
+    result = mc_dropout_evaluate(model, STREAM, passes=4, batch_size=B, sequence_length=T)
+    # Also checks that each pass carries its state across windows.
+    assert result["perplexity"] == pytest.approx(logs["perplexity"], rel=1e-5)
+
+
+def test_leaves_the_model_untouched_and_accepts_a_stream_dataset():
+    model = _model(**DROPOUT, temperature=0.9)
+    model(STREAM[None, :T].repeat(B, 0))  # leaves some state behind
+    before = [np.asarray(w).copy() for w in model.weights]
+    data = StreamDataset(STREAM, B, T, drop_remainder=False)
+    a = mc_dropout_evaluate(model, data, passes=2, seed=3)
+    b = mc_dropout_evaluate(model, STREAM, passes=2, batch_size=B, sequence_length=T, seed=3)
+    assert a == b
+    for w, value in zip(model.weights, before):
+        np.testing.assert_array_equal(np.asarray(w), value)
+    assert model.temperature == 0.9
+    # Temperature scales the logits of every pass.
+    hot = mc_dropout_evaluate(model, data, passes=2, seed=3, temperature=0.5)
+    assert hot["loss"] != pytest.approx(a["loss"], rel=1e-3)
+
+
+def test_bad_arguments():
+    model = _model()
+    with pytest.raises(ValueError, match="Expected `passes`"):
+        mc_dropout_evaluate(model, STREAM, passes=0)
+    with pytest.raises(ValueError, match="Expected `temperature`"):
+        mc_dropout_evaluate(model, STREAM, temperature=-1.0)
+    with pytest.raises(ValueError, match="1-D stream"):
+        mc_dropout_evaluate(model, STREAM[:20].reshape(2, 10))
+    with pytest.raises(ValueError, match=r"token ids in \[0, 19\)"):
+        mc_dropout_evaluate(model, np.full(30, V))
+    with pytest.raises(ValueError, match="built `LanguageModel`"):
+        mc_dropout_evaluate(LanguageModel(V, units=N), STREAM)
