@@ -1,1 +1,41 @@
+"""Hyperparameter search with KerasTuner: the papers' search spaces.
 
+Needs `keras-tuner` (`pip install keras-tuner`).
+"""
+
+try:
+    import keras_tuner  # noqa: F401
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "keras_mogrifier.tuning needs KerasTuner: pip install keras-tuner"
+    ) from error
+
+from keras_mogrifier.tuning.dynamic_evaluation_tuner import DYNAMIC_EVALUATION_OBJECTIVE
+from keras_mogrifier.tuning.dynamic_evaluation_tuner import DynamicEvaluationTuner
+from keras_mogrifier.tuning.language_model_hyper_model import LANGUAGE_MODEL_OBJECTIVE
+from keras_mogrifier.tuning.language_model_hyper_model import LanguageModelHyperModel
+from keras_mogrifier.tuning.search_space import DYNAMIC_EVALUATION_SEARCH_SPACE
+from keras_mogrifier.tuning.search_space import LANGUAGE_MODEL_SEARCH_SPACE
+from keras_mogrifier.tuning.search_space import search_space_table
+from keras_mogrifier.tuning.searches import run_dynamic_evaluation_search
+from keras_mogrifier.tuning.searches import run_language_model_search
+from keras_mogrifier.tuning.tuners import best_configuration
+from keras_mogrifier.tuning.tuners import build_tuner
+from keras_mogrifier.tuning.tuners import trial_rows
+from keras_mogrifier.tuning.tuners import trials_table
+
+__all__ = [
+    "DYNAMIC_EVALUATION_OBJECTIVE",
+    "DYNAMIC_EVALUATION_SEARCH_SPACE",
+    "DynamicEvaluationTuner",
+    "LANGUAGE_MODEL_OBJECTIVE",
+    "LANGUAGE_MODEL_SEARCH_SPACE",
+    "LanguageModelHyperModel",
+    "best_configuration",
+    "build_tuner",
+    "run_dynamic_evaluation_search",
+    "run_language_model_search",
+    "search_space_table",
+    "trial_rows",
+    "trials_table",
+]

@@ -1,0 +1,221 @@
+import keras
+import keras_tuner
+import numpy as np
+import pytest
+
+from keras_mogrifier import pipeline
+from keras_mogrifier.data import StreamDataset
+from keras_mogrifier.data import synthetic_corpus
+from keras_mogrifier.evaluation import DynamicEvaluator
+from keras_mogrifier.tuning import DYNAMIC_EVALUATION_OBJECTIVE
+from keras_mogrifier.tuning import DynamicEvaluationTuner
+from keras_mogrifier.tuning import best_configuration
+from keras_mogrifier.tuning import trial_rows
+
+STATISTICS_BATCH = 8
+N = 5
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return synthetic_corpus(train_tokens=2000, valid_tokens=200, test_tokens=200)
+
+
+@pytest.fixture(scope="module")
+def trained(corpus):
+    model = pipeline.build_language_model(
+        len(corpus.vocabulary), {"units": 16, "num_layers": 1, "mogrifier_rounds": 1}, 8
+    )
+    pipeline.compile_language_model(
+        model, {"optimizer": "adam", "learning_rate": 1e-2, "beta_1": 0.0, "jit_compile": False}
+    )
+    model.fit(StreamDataset(corpus.train, 8, 20), epochs=3, verbose=0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tuning_stream(corpus):
+    # Text that repeats: adapting to it pays off, as on real documents.
+    return np.tile(corpus.valid[:25], 8)
+
+
+def make_tuner(model, corpus, directory, cls=DynamicEvaluationTuner, **kwargs):
+    kwargs.setdefault("max_trials", 3)
+    kwargs.setdefault("fixed", {"segment_length": N})
+    return cls(
+        model, corpus.train, seed=3, statistics_batch_size=STATISTICS_BATCH,
+        directory=directory, project_name="dyneval", **kwargs,
+    )
+
+
+class CountingTuner(DynamicEvaluationTuner):
+    trials_run = 0
+
+    def run_trial(self, trial, *args, **kwargs):
+        CountingTuner.trials_run += 1
+        return super().run_trial(trial, *args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def searched(trained, corpus, tuning_stream, tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("dyneval"))
+    before = [np.copy(w) for w in trained.get_weights()]
+    CountingTuner.trials_run = 0
+    tuner = make_tuner(trained, corpus, directory, cls=CountingTuner)
+    tuner.search(tuning_stream, verbose=0)
+    return tuner, directory, before
+
+
+def test_search_finds_a_setting_better_than_static(searched, tuning_stream):
+    tuner, _, _ = searched
+    rows = trial_rows(tuner)
+    assert [r["status"] for r in rows] == ["COMPLETED"] * 3
+    assert CountingTuner.trials_run == 3
+    assert tuner.statistics_collected == 1  # one segment length, gathered once
+    static = tuner.evaluate_static(tuning_stream)
+    best = best_configuration(tuner)
+    assert best["score"] == min(r["score"] for r in rows)
+    assert best["score"] < static["loss"] - 0.2
+    # η = 0 is static evaluation.
+    zero = tuner.evaluate(tuning_stream, {**best["values"], "learning_rate": 0.0})
+    assert zero["loss"] == pytest.approx(static["loss"], rel=1e-6)
+
+
+def test_trial_is_one_dynamic_pass_with_the_converted_learning_rate(
+    searched, trained, corpus, tuning_stream
+):
+    tuner, _, _ = searched
+    best = best_configuration(tuner)
+    values = best["values"]
+    settings = best["configuration"]
+    # The paper's η is for a loss summed over the segment: × n for the mean.
+    assert settings["learning_rate"] == pytest.approx(values["learning_rate"] * N)
+    # An independent evaluator with those settings scores what the trial did.
+    evaluator = DynamicEvaluator(
+        trained.with_options(batch_size=STATISTICS_BATCH, samples=1),
+        learning_rate=values["learning_rate"] * N,
+        decay_rate=values["decay_rate"],
+        epsilon=values["epsilon"],
+        segment_length=N,
+        normalizer="global_mean",
+    )
+    evaluator.collect_gradient_statistics(corpus.train, batch_size=STATISTICS_BATCH)
+    assert evaluator.evaluate(tuning_stream, verbose=0)["loss"] == pytest.approx(
+        best["score"], rel=1e-5
+    )
+
+
+def test_trained_model_is_left_unchanged(searched, trained):
+    _, _, before = searched
+    for old, new in zip(before, trained.get_weights()):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_best_setting_applies_to_test_in_one_call(searched, corpus):
+    tuner, _, _ = searched
+    results = tuner.evaluate(corpus.test)
+    assert results["num_tokens"] == len(corpus.test) - 1
+    assert results["settings"] == tuner.evaluator_settings()
+    assert np.isfinite(results["loss"])
+
+
+def test_resume_reruns_nothing_and_reuses_statistics(
+    searched, trained, corpus, tuning_stream
+):
+    tuner, directory, _ = searched
+    CountingTuner.trials_run = 0
+    resumed = make_tuner(trained, corpus, directory, cls=CountingTuner, overwrite=False)
+    resumed.search(tuning_stream, verbose=0)
+    assert CountingTuner.trials_run == 0
+    assert [r["score"] for r in trial_rows(resumed)] == [r["score"] for r in trial_rows(tuner)]
+    again = resumed.evaluate(tuning_stream)
+    assert resumed.statistics_collected == 0  # read from the search's directory
+    assert again["loss"] == pytest.approx(best_configuration(tuner)["score"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "learning_rates",
+    [
+        (1e36, 1e37),  # η·n overflows float32: NaN loss
+        (1.0, 10.0),  # finite, but far worse than a uniform guess
+    ],
+)
+def test_diverging_pass_is_a_failed_trial(
+    trained, corpus, tuning_stream, tmp_path, learning_rates
+):
+    tuner = make_tuner(
+        trained, corpus, str(tmp_path), max_trials=1,
+        ranges={"learning_rate": learning_rates},
+    )
+    assert tuner.max_loss == pytest.approx(np.log(len(corpus.vocabulary)))
+    tuner.search(tuning_stream, verbose=0)
+    (row,) = trial_rows(tuner)
+    assert row["status"] == "FAILED"
+    assert "diverged" in row["message"]
+    with pytest.raises(ValueError, match="completed trial"):
+        tuner.evaluate(tuning_stream)
+
+
+def test_mean_convention_and_custom_oracle(trained, corpus, tmp_path):
+    oracle = keras_tuner.oracles.RandomSearchOracle(
+        objective=DYNAMIC_EVALUATION_OBJECTIVE, max_trials=1
+    )
+    tuner = make_tuner(trained, corpus, str(tmp_path), oracle=oracle, loss_reduction="mean")
+    settings = tuner.evaluator_settings(
+        {"learning_rate": 5e-5, "decay_rate": 2e-3, "epsilon": 2e-5}
+    )
+    assert settings == {
+        "segment_length": N, "learning_rate": 5e-5, "decay_rate": 2e-3, "epsilon": 2e-5
+    }
+    with pytest.raises(NotImplementedError, match="evaluate"):
+        tuner.get_best_models()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"ranges": {"segment_length": (0, 5)}, "fixed": {}}, "at least 1"),
+        ({"ranges": {"decay_rate": (1e-2, 1e-6)}}, "low <= high"),
+        ({"ranges": {"epsilon": (0.0, 1e-2)}}, "positive"),
+        ({"ranges": {"segment_length": (2, 4)}}, "either fixed or searched"),
+        ({"fixed": {"momentum": 0.9}}, "unknown"),
+        ({"fixed": {"epsilon": 0.0}}, "epsilon"),
+        ({"loss_reduction": "max"}, "loss_reduction"),
+        ({"normalizer": "median"}, "normalizer"),
+        ({"oracle": "grid"}, "oracle"),
+        ({"oracle": keras_tuner.oracles.RandomSearchOracle(
+            objective=keras_tuner.Objective("val_loss", "min"), max_trials=1)},
+         "objective"),
+        ({"fixed": {"segment_length": 300}}, "at least statistics_batch_size"),
+        ({"max_loss": -1.0}, "max_loss"),
+    ],
+)
+def test_bad_arguments_raise_clear_errors(trained, corpus, tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        make_tuner(trained, corpus, str(tmp_path), **kwargs)
+
+
+def test_bad_model_and_data_raise(trained, corpus, tmp_path):
+    unbuilt = keras.Sequential([keras.layers.Embedding(10, 4)])
+    with pytest.raises(ValueError, match="built"):
+        DynamicEvaluationTuner(unbuilt, corpus.train, directory=str(tmp_path))
+    with pytest.raises(ValueError, match="1-D array"):
+        DynamicEvaluationTuner(trained, corpus.train[:2000].reshape(2, -1), directory=str(tmp_path))
+    tuner = make_tuner(trained, corpus, str(tmp_path))
+    with pytest.raises(ValueError, match="1-D array"):
+        tuner.search(np.zeros((2, 5), "int32"), verbose=0)
+
+
+def test_setup_errors_in_a_trial_stop_the_search(corpus, tuning_stream, tmp_path):
+    # A stateful model with room for one stream cannot take statistics
+    # batches of 8: that is fatal, not a failed trial.
+    size = len(corpus.vocabulary)
+    model = keras.Sequential([
+        keras.Input(batch_shape=(1, None), dtype="int32"),
+        keras.layers.Embedding(size, 4),
+        keras.layers.LSTM(4, stateful=True, return_sequences=True),
+        keras.layers.Dense(size),
+    ])
+    tuner = make_tuner(model, corpus, str(tmp_path), max_trials=1)
+    with pytest.raises(keras_tuner.errors.FatalValueError):
+        tuner.search(tuning_stream, verbose=0)
