@@ -1,4 +1,8 @@
-"""keras_mogrifier: strong recurrent language models for Keras 3."""
+"""keras_mogrifier: strong recurrent language models for Keras 3.
+
+KerasTuner searches live in `keras_mogrifier.tuning` (needs the `tuning`
+extra), imported on demand so that the core does not need keras-tuner.
+"""
 
 from keras_mogrifier import data
 from keras_mogrifier import pipeline
@@ -19,5 +23,6 @@ from keras_mogrifier.metrics import BitsPerCharacter
 from keras_mogrifier.metrics import Perplexity
 from keras_mogrifier.models import LanguageModel
 from keras_mogrifier.optimizers import RectifiedAdam
+from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
 
 __version__ = "0.1.0"
