@@ -570,7 +570,14 @@ class LanguageModel(keras.Model):
         log_prob = self._training_log_probabilities(y, y_pred)
         if log_prob is None:
             return super().compute_metrics(x, y, y_pred, sample_weight)
+        # Two logits, "the target" and "anything else", carry the target's
+        # probability exactly: log_softmax([lp, log(1 − e^lp)])[0] = lp.
+        log_prob = ops.stop_gradient(log_prob)
+        two_way = ops.stack([log_prob, _log1mexp(log_prob)], axis=-1)
+        targets = ops.zeros_like(y)
         compiled = getattr(self, "_compile_metrics", None)
+        if compiled is not None and not compiled.built:
+            compiled.build(targets, two_way)
         for metric in getattr(compiled, "metrics", []):
             if not isinstance(metric, TokenNLLMetric):
                 raise ValueError(
@@ -580,13 +587,7 @@ class LanguageModel(keras.Model):
                     f"Received: metric {metric.name!r} "
                     f"({type(metric).__name__})"
                 )
-        # Two logits, "the target" and "anything else", carry the target's
-        # probability exactly: log_softmax([lp, log(1 − e^lp)])[0] = lp.
-        log_prob = ops.stop_gradient(log_prob)
-        two_way = ops.stack([log_prob, _log1mexp(log_prob)], axis=-1)
-        return super().compute_metrics(
-            x, ops.zeros_like(y), two_way, sample_weight
-        )
+        return super().compute_metrics(x, targets, two_way, sample_weight)
 
     def _training_log_probabilities(self, y, y_pred):
         # The features of a chunked training step, or None for logits.

@@ -92,3 +92,23 @@ def test_bad_arguments():
         mc_dropout_evaluate(model, np.full(30, V))
     with pytest.raises(ValueError, match="built `LanguageModel`"):
         mc_dropout_evaluate(LanguageModel(V, units=N), STREAM)
+
+
+def test_uses_logits_when_the_softmax_width_equals_the_vocabulary():
+    # Features of width V cannot be told from logits: the logits path is used.
+    model = LanguageModel(N, units=N, batch_size=B, output_dropout=0.3)
+    model.build((B, None))
+    stream = STREAM % N
+    result = mc_dropout_evaluate(model, stream, passes=2, batch_size=B, sequence_length=T, seed=4)
+    replay = model.with_options(samples=2, seed=4)
+    assert replay.softmax_chunk_size is None
+    data = StreamDataset(stream, B, T, drop_remainder=False)
+    total = count = 0.0
+    for index in range(len(data)):
+        x, y, w = data[index]
+        logits = np.asarray(replay(x, training=True), "float64")
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        nll = -np.log(np.take_along_axis(p, y[:, None, :, None], -1)[..., 0].mean(1))
+        total, count = total + (nll * w).sum(), count + w.sum()
+    assert result["loss"] == pytest.approx(total / count, rel=1e-5)

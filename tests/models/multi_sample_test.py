@@ -85,11 +85,14 @@ def test_copies_are_identical_without_dropout_and_one_is_computed_at_evaluation(
         np.testing.assert_allclose(out[:, d], evaluated, atol=1e-5)
 
 
-def _next_token_data(length=121, seed=0):
-    # Stream with w_{t+1} = w_t + 1 (mod V): learnable from the current token.
+def _next_token_data(windows=20, seed=0):
+    # B streams with w_{t+1} = w_t + 1 (mod V), learnable from the current
+    # token, cut into consecutive windows: batch k is rows k·B … (k+1)·B − 1.
     start = np.random.default_rng(seed).integers(0, V, size=(B, 1))
-    stream = (start + np.arange(length)) % V
-    return stream[:, :-1].astype("int32"), stream[:, 1:].astype("int32")
+    stream = ((start + np.arange(windows * T + 1)) % V).astype("int32")
+    x = stream[:, :-1].reshape(B, windows, T).transpose(1, 0, 2).reshape(-1, T)
+    y = stream[:, 1:].reshape(B, windows, T).transpose(1, 0, 2).reshape(-1, T)
+    return x, y
 
 
 @pytest.mark.parametrize("chunk", [None, 7])
@@ -98,9 +101,9 @@ def test_short_fit_with_two_samples_decreases_the_loss(chunk):
     x, y = _next_token_data()
     model = LanguageModel(V, units=16, num_layers=1, samples=2, batch_size=B,
                           softmax_chunk_size=chunk, seed=0, **DROPOUT)
-    model.compile(keras.optimizers.Adam(0.03), IWAEDropoutLoss(samples=2),
-                  weighted_metrics=[Perplexity()], jit_compile=True)
-    history = model.fit(x, y, batch_size=B, epochs=4, verbose=0).history
+    model.compile(keras.optimizers.Adam(0.03), IWAEDropoutLoss(),
+                  weighted_metrics=[Perplexity()])
+    history = model.fit(x, y, batch_size=B, epochs=3, verbose=0).history
     assert history["loss"][-1] < 0.5 * history["loss"][0]
     # Training perplexity is exp of the multi-sample objective (no l2 here).
     np.testing.assert_allclose(np.log(history["perplexity"]), history["loss"], rtol=1e-3)
@@ -151,7 +154,9 @@ def test_chunked_loss_and_gradients_equal_the_unchunked_ones(config):
 
 
 def test_chunked_train_step_under_xla_equals_the_unchunked_one():
-    model = LanguageModel(V, units=N, samples=2, batch_size=B, seed=4, **DROPOUT)
+    # The chunked step compiled with XLA, the reference without (no dropout:
+    # XLA draws other random numbers than the TensorFlow kernels).
+    model = LanguageModel(V, units=N, samples=2, batch_size=B, l2=1e-3)
     model.build((B, None))
     _randomize(model)
     x, y = _ids(3), _ids(4)
@@ -159,7 +164,7 @@ def test_chunked_train_step_under_xla_equals_the_unchunked_one():
     for chunk in (None, 5):
         m = model.with_options(softmax_chunk_size=chunk)
         m.compile(keras.optimizers.SGD(0.5), IWAEDropoutLoss(),
-                  weighted_metrics=[Perplexity()], jit_compile=True)
+                  weighted_metrics=[Perplexity()], jit_compile=chunk is not None)
         logs = [m.train_on_batch(x, y, return_dict=True) for _ in range(2)]
         runs.append((logs, [np.asarray(w) for w in m.trainable_weights]))
     (logs, weights), (c_logs, c_weights) = runs
@@ -174,7 +179,8 @@ def test_chunked_model_predicts_and_evaluates_logits(tmp_path):
     model = LanguageModel(V, units=N, samples=2, batch_size=B, softmax_chunk_size=8, **DROPOUT)
     model.compile("adam", IWAEDropoutLoss(), weighted_metrics=[Perplexity()])
     x, y = _ids(5), _ids(6)
-    model.fit(x, y, batch_size=B, verbose=0)
+    model.build((B, None))
+    _randomize(model)
     assert model.predict(x, batch_size=B, verbose=0).shape == (B, T, V)
     reference_model = model.with_options(softmax_chunk_size=None)
     reference_model.compile(loss=IWAEDropoutLoss(), weighted_metrics=[Perplexity()])
@@ -185,8 +191,7 @@ def test_chunked_model_predicts_and_evaluates_logits(tmp_path):
     path = tmp_path / "chunked.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
-    assert loaded.softmax_chunk_size == 8
-    loaded.fit(x, y, batch_size=B, verbose=0)  # still trains after reloading
+    assert loaded.softmax_chunk_size == 8 and isinstance(loaded.loss, IWAEDropoutLoss)
 
 
 def test_target_log_probabilities_match_the_logits():
@@ -201,7 +206,7 @@ def test_target_log_probabilities_match_the_logits():
         y[:, None, :, None], logits.shape[:-1] + (1,)), -1)[..., 0])
     np.testing.assert_allclose(model.target_log_probabilities(features, y), expected, atol=1e-5)
     with pytest.raises(ValueError, match=r"Expected features of shape"):
-        model.target_log_probabilities(features[..., 0], y)
+        model.target_log_probabilities(features[:, 0, 0], y)
 
 
 @pytest.mark.parametrize("value", [0, -3, 2.5, True])
@@ -234,9 +239,9 @@ def test_chunking_needs_the_iwae_loss_and_probability_metrics():
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     with pytest.raises(ValueError, match=r"compile\(loss=IWAEDropoutLoss\(\)\)"):
         model.fit(x, y, batch_size=B, verbose=0)
-    weights = [np.asarray(w).copy() for w in model.weights]
+    weights = [np.asarray(w).copy() for w in model.trainable_weights]
     model.compile("sgd", IWAEDropoutLoss(), metrics=["accuracy"])
     with pytest.raises(ValueError, match="Expected training metrics.*accuracy"):
         model.fit(x, y, batch_size=B, verbose=0)
-    for w, before in zip(model.weights, weights):
+    for w, before in zip(model.trainable_weights, weights):
         np.testing.assert_array_equal(np.asarray(w), before)  # no step was taken
