@@ -59,6 +59,12 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
                         help="validation tokens used to tune dynamic evaluation")
     parser.add_argument("--dynamic-statistics-batches", type=int,
                         help="cap the training batches of gradient statistics")
+    parser.add_argument("--dynamic-learning-rates", type=float, nargs="+",
+                        default=[1e-5, 3e-5, 1e-4, 3e-4, 1e-3],
+                        help="candidate dynamic-evaluation learning rates η")
+    parser.add_argument("--dynamic-decay-rates", type=float, nargs="+",
+                        default=[1e-3, 2e-3, 1e-2],
+                        help="candidate dynamic-evaluation decay rates λ")
     parser.add_argument("--checkpoint-dir", help="save the model after every epoch here")
     parser.add_argument("--resume", action="store_true",
                         help="continue training from --checkpoint-dir")
@@ -112,6 +118,8 @@ def main(argv=None, level="word", default_preset="tiny"):
             "segment_length": args.segment_length,
             "tuning_tokens": args.dynamic_tuning_tokens,
             "statistics_batches": args.dynamic_statistics_batches,
+            "learning_rates": args.dynamic_learning_rates,
+            "decay_rates": args.dynamic_decay_rates,
         },
         verbose=args.verbose,
     )
