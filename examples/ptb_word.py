@@ -42,6 +42,9 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
     parser.add_argument("--units", type=int, help="override the preset's units")
     parser.add_argument("--layers", type=int, help="override the number of layers")
     parser.add_argument("--samples", type=int, help="dropout samples D per sequence")
+    parser.add_argument("--softmax-chunk-size", type=int,
+                        help="compute the training loss this many tokens at a "
+                             "time without materialising the logits (0: off)")
     parser.add_argument("--chrono-t-max", type=float, help="Chrono initialisation T_max")
     parser.add_argument("--dual", action="store_true", help="add the Dual head")
     parser.add_argument("--epochs", type=int)
@@ -94,7 +97,10 @@ def overrides(args):
         "max_tokens": args.max_tokens,
     }
     drop_none = lambda d: {k: v for k, v in d.items() if v is not None}  # noqa: E731
-    return drop_none(model), drop_none(training)
+    model = drop_none(model)
+    if args.softmax_chunk_size is not None:
+        model["softmax_chunk_size"] = args.softmax_chunk_size or None
+    return model, drop_none(training)
 
 
 def main(argv=None, level="word", default_preset="tiny"):

@@ -78,3 +78,16 @@ def test_ptb_char_reports_bits_per_character(tiny_ptb, tmp_path, capsys):
     )
     assert "bpc" in capsys.readouterr().out
     assert json.loads(out.read_text())["test_perplexity"] < 100
+
+
+def test_flags_become_preset_overrides():
+    example = _load_example("ptb_word")
+    model, training = example.overrides(
+        example.parse_args(["--units", "32", "--samples", "4", "--softmax-chunk-size", "256",
+                            "--bptt", "12"])
+    )
+    assert model == {"units": 32, "embedding_dim": 32, "samples": 4, "softmax_chunk_size": 256}
+    assert training == {"sequence_length": 12}
+    # 0 turns off the chunking that the paper preset sets.
+    model, _ = example.overrides(example.parse_args(["--softmax-chunk-size", "0"]))
+    assert model == {"softmax_chunk_size": None}

@@ -20,7 +20,7 @@ def test_paper_recipe_on_a_tiny_model():
     )
     model = results["model_object"]
     assert isinstance(model.optimizer, TwoTailedAveragingOptimizer)
-    assert model.samples == 2
+    assert model.samples == 2 and model.softmax_chunk_size == 1024
     for key in ("valid_perplexity", "test_perplexity"):
         assert np.isfinite(results[key]) and 1 < results[key] < len(corpus.vocabulary) * 2
     assert 0.8 <= results["temperature"] <= 1.06

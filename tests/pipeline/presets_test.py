@@ -25,6 +25,7 @@ def test_paper_preset_follows_circling_back():
     m, t = p["model"], p["training"]
     assert m["cell"] == "mogrifier_rlstm" and m["mogrifier_rounds"] == 5 and m["mogrifier_rank"] == 84
     assert m["samples"] == 8 and m["residual"] and m["tie_embeddings"]
+    assert m["softmax_chunk_size"] == 1024
     assert math.e**2 <= m["chrono_t_max"] <= math.e**5
     assert t["optimizer"] == "radam" and t["two_tailed_averaging"] and t["divergence_recovery"]
     assert (t["batch_size"], t["sequence_length"]) == (128, 70)
