@@ -91,3 +91,20 @@ def run_sequence(step, xs, n, rounds=(), input_mask=None, state_mask=None,
             h[:, :size] = h[:, :size] + h[:, :size] @ adaptation
         outputs.append(h)
     return np.stack(outputs, axis=1), h, c
+
+
+def token_nll(ids, logits):
+    """-log((1/D) Σ_d softmax(logits_d)[w]) in float64 (SPEC §4).
+
+    `logits` is `(batch, samples, time, vocab)`, or `(batch, time, vocab)`
+    for one sample; `ids` is `(batch, time)`.
+    """
+    logits = np.asarray(logits, np.float64)
+    if logits.ndim == ids.ndim + 1:
+        logits = logits[:, None]
+    shift = logits.max(axis=-1, keepdims=True)
+    log_z = shift[..., 0] + np.log(np.exp(logits - shift).sum(-1))
+    idx = np.broadcast_to(ids[:, None, :, None], logits.shape[:-1] + (1,))
+    log_p = np.take_along_axis(logits, idx, axis=-1)[..., 0] - log_z
+    m = log_p.max(axis=1, keepdims=True)
+    return -(m[:, 0] + np.log(np.exp(log_p - m).mean(axis=1)))

@@ -7,18 +7,9 @@ from keras_mogrifier.data import StreamDataset
 from keras_mogrifier.metrics import BitsPerCharacter
 from keras_mogrifier.metrics import Perplexity
 
+import reference
 
-def np_token_nll(ids, logits):
-    """NumPy float64 reference: -log((1/D) sum_d softmax(logits_d)[w])."""
-    logits = np.asarray(logits, np.float64)
-    if logits.ndim == ids.ndim + 1:
-        logits = logits[:, None]
-    shift = logits.max(axis=-1, keepdims=True)
-    log_z = shift[..., 0] + np.log(np.exp(logits - shift).sum(-1))
-    idx = np.broadcast_to(ids[:, None, :, None], logits.shape[:-1] + (1,))
-    log_p = np.take_along_axis(logits, idx, axis=-1)[..., 0] - log_z
-    m = log_p.max(axis=1, keepdims=True)
-    return -(m[:, 0] + np.log(np.exp(log_p - m).mean(axis=1)))
+np_token_nll = reference.token_nll
 
 
 def _batches(rng, samples=None):
