@@ -5,6 +5,7 @@ import json
 import os
 import sys
 
+import keras
 import pytest
 
 from keras_mogrifier.data import synthetic_lines
@@ -52,6 +53,7 @@ def _flags(tiny_ptb, tmp_path):
 
 
 def test_ptb_word_end_to_end_with_resume(tiny_ptb, tmp_path, capsys):
+    keras.utils.set_random_seed(0)
     example = _load_example("ptb_word")
     out = tmp_path / "results.json"
     example.main(_flags(tiny_ptb, tmp_path) + ["--epochs", "1", "--results-json", str(out)])
@@ -70,6 +72,7 @@ def test_ptb_word_end_to_end_with_resume(tiny_ptb, tmp_path, capsys):
 
 
 def test_ptb_char_reports_bits_per_character(tiny_ptb, tmp_path, capsys):
+    keras.utils.set_random_seed(0)
     example = _load_example("ptb_char")
     out = tmp_path / "char.json"
     example.main(
