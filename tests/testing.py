@@ -1,4 +1,4 @@
-"""Shared checks for the package's layers (a small `run_layer_test`)."""
+"""Shared test helpers: layer checks (a small `run_layer_test`) and callbacks."""
 
 import numpy as np
 import keras
@@ -47,3 +47,16 @@ def assert_fits(layer, x, y, jit_compile=True):
     after = model.get_weights()
     assert any(not np.allclose(a, b) for a, b in zip(after, before))
     return losses
+
+
+class RecordWeights(keras.callbacks.Callback):
+    """Keeps a NumPy copy of the trainable weights after every batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.weights.append(
+            [keras.ops.convert_to_numpy(v) for v in self.model.trainable_variables]
+        )

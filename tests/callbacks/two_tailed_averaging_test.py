@@ -8,6 +8,8 @@ from keras_mogrifier.callbacks import TwoTailedAveraging
 from keras_mogrifier.optimizers import RectifiedAdam
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
 
+import testing
+
 
 def _data(seed=0, n=32, noise=0.0):
     rng = np.random.default_rng(seed)
@@ -24,17 +26,6 @@ def _model(two_tailed=True, optimizer=None):
         optimizer = TwoTailedAveragingOptimizer(optimizer)
     model.compile(optimizer=optimizer, loss="mse")
     return model
-
-
-class RecordWeights(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.weights = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.weights.append(
-            [ops.convert_to_numpy(v) for v in self.model.trainable_variables]
-        )
 
 
 class RecordStart(keras.callbacks.Callback):
@@ -75,7 +66,7 @@ def test_scripted_losses_drive_the_averages():
     tta = TwoTailedAveraging(
         evaluate_fn=evaluate_fn, evaluation_frequency=2, patience=None, verbose=0
     )
-    record = RecordWeights()
+    record = testing.RecordWeights()
     model.fit(x[:24], y[:24], batch_size=4, shuffle=False, verbose=0,
               callbacks=[record, tta])
     actions = [r["action"] for r in tta.evaluations]
@@ -112,7 +103,7 @@ def test_evaluates_the_right_weights_and_leaves_training_untouched():
     )
 
     model = _model()
-    record = RecordWeights()
+    record = testing.RecordWeights()
     tta = TwoTailedAveraging(
         (x_val, y_val), evaluation_frequency=5, patience=None,
         prefer_raw_early=False, verbose=0,

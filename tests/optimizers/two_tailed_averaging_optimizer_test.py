@@ -6,6 +6,8 @@ from keras import ops
 from keras_mogrifier.optimizers import RectifiedAdam
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
 
+import testing
+
 
 def _data(seed=0):
     rng = np.random.default_rng(seed)
@@ -26,17 +28,6 @@ def _model(optimizer, jit_compile=False, steps_per_execution=1):
         steps_per_execution=steps_per_execution,
     )
     return model
-
-
-class RecordWeights(keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.weights = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.weights.append(
-            [ops.convert_to_numpy(v) for v in self.model.trainable_variables]
-        )
 
 
 def _averages(optimizer, which):
@@ -60,7 +51,7 @@ def test_running_means_follow_switch_and_restarts():
     x, y = _data()
     optimizer = TwoTailedAveragingOptimizer(RectifiedAdam(0.05))
     model = _model(optimizer, jit_compile=True)
-    record = RecordWeights()
+    record = testing.RecordWeights()
 
     def fit(steps):
         model.fit(x[: 8 * steps], y[: 8 * steps], batch_size=8, shuffle=False,
@@ -116,7 +107,7 @@ def test_gradient_accumulation_averages_each_update_once():
         RectifiedAdam(0.05, gradient_accumulation_steps=2)
     )
     model = _model(optimizer)
-    record = RecordWeights()
+    record = testing.RecordWeights()
     model.fit(x, y, batch_size=4, shuffle=False, callbacks=[record], verbose=0)
     assert _counts(optimizer) == (4, 4)
     updates = record.weights[1::2]  # the weights change every second batch
