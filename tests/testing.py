@@ -60,3 +60,17 @@ class RecordWeights(keras.callbacks.Callback):
         self.weights.append(
             [keras.ops.convert_to_numpy(v) for v in self.model.trainable_variables]
         )
+
+
+class CaptureVariables(keras.callbacks.Callback):
+    """Copies `variables` after every test batch (a dynamic-evaluation segment)."""
+
+    def __init__(self, variables):
+        super().__init__()
+        self.variables = variables
+        self.after_segment = []
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.after_segment.append(
+            [keras.ops.convert_to_numpy(v).copy() for v in self.variables]
+        )

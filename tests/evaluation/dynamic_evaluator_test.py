@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from keras_mogrifier.evaluation import DynamicEvaluator
 
+import testing
+
 VOCAB = 12
 
 
@@ -123,16 +125,6 @@ def random_statistics(variables, seed=3):
     }
 
 
-class CaptureWeights(keras.callbacks.Callback):
-    def __init__(self, variables):
-        super().__init__()
-        self.variables = variables
-        self.after_segment = []
-
-    def on_test_batch_end(self, batch, logs=None):
-        self.after_segment.append([v.numpy().copy() for v in self.variables])
-
-
 class RaiseAt(keras.callbacks.Callback):
     def __init__(self, at, error):
         super().__init__()
@@ -191,7 +183,7 @@ def test_update_rule_matches_hand_computation(decay_rate, normalizer):
         segment_length=5, normalizer=normalizer,
     )
     ev.gradient_statistics = statistics = random_statistics(model.trainable_variables)
-    capture = CaptureWeights(model.trainable_variables)
+    capture = testing.CaptureVariables(model.trainable_variables)
     result = ev.evaluate(stream, callbacks=[capture], verbose=0, return_token_losses=True)
 
     expected_losses, expected_weights, decay = reference_dynamic_evaluation(
@@ -220,7 +212,7 @@ def test_decay_only_pulls_back_to_trained_weights():
     stream = np.random.default_rng(1).integers(0, VOCAB, 12)
     ev = DynamicEvaluator(model, learning_rate=0.0, decay_rate=0.9)
     ev.gradient_statistics = random_statistics(model.trainable_variables)
-    capture = CaptureWeights(model.trainable_variables)
+    capture = testing.CaptureVariables(model.trainable_variables)
     before = [v.numpy().copy() for v in model.trainable_variables]
     ev.evaluate(stream, callbacks=[capture], verbose=0)
     for after in capture.after_segment:
@@ -417,7 +409,7 @@ def test_weights_and_state_restored(error):
     ev = DynamicEvaluator(model, learning_rate=1e-2, decay_rate=0.01)
     ev.gradient_statistics = random_statistics(model.trainable_variables)
     stream = np.random.default_rng(11).integers(0, VOCAB, 30)
-    capture = CaptureWeights(model.trainable_variables)
+    capture = testing.CaptureVariables(model.trainable_variables)
     callbacks = [capture] + ([] if error is None else [RaiseAt(2, error)])
     if error is None:
         ev.evaluate(stream, callbacks=callbacks, verbose=0)

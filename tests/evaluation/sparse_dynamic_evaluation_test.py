@@ -7,6 +7,8 @@ import pytest
 from keras_mogrifier.evaluation import DynamicEvaluator
 from keras_mogrifier.layers import MogrifierLSTMCell
 
+import testing
+
 VOCAB = 11
 UNITS = 6
 H = 4
@@ -39,16 +41,6 @@ def copy_weights(source, target):
             b.assign(a)
 
 
-class CaptureAll(keras.callbacks.Callback):
-    def __init__(self, variables):
-        super().__init__()
-        self.variables = variables
-        self.after_segment = []
-
-    def on_test_batch_end(self, batch, logs=None):
-        self.after_segment.append([v.numpy().copy() for v in self.variables])
-
-
 def test_sparse_mode_adapts_only_the_adaptation_matrix():
     model = sparse_model(batch=1)
     kernel = kernel_of(model)
@@ -61,7 +53,7 @@ def test_sparse_mode_adapts_only_the_adaptation_matrix():
     assert np.all(statistics[kernel.path] > 0)
 
     before = [v.numpy().copy() for v in model.variables]
-    capture = CaptureAll(model.variables)
+    capture = testing.CaptureVariables(model.variables)
     text = np.tile(rng.integers(0, VOCAB, 7), 12)
     static = ev.evaluate(text, adapt=False, verbose=0)
     dynamic = ev.evaluate(text, callbacks=[capture], verbose=0)
