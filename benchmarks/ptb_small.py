@@ -70,8 +70,9 @@ def main():
             os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
             with open(args.json, "w") as f:
                 json.dump({"command": "python benchmarks/ptb_small.py " + " ".join(
-                    f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                    if v is not None and k != "cells"), "rows": rows}, f, indent=2)
+                    f"--{k.replace('_', '-')} {' '.join(v) if k == 'cells' else v}"
+                    for k, v in vars(args).items() if v is not None),
+                    "rows": rows}, f, indent=2)
 
 
 def print_table(rows):
