@@ -638,10 +638,10 @@ class DynamicEvaluator(keras.callbacks.Callback):
             limits.append(int(size))
         try:
             last = model.output_shape[-1]
-            if isinstance(last, numbers.Integral):
-                limits.append(int(last))
         except (AttributeError, ValueError, TypeError, IndexError):
-            pass
+            last = None  # e.g. a subclassed model: no static output shape
+        if isinstance(last, numbers.Integral):
+            limits.append(int(last))
         for layer in _recurrent_state._layers(model):
             if isinstance(layer, keras.layers.Embedding):
                 limits.append(int(layer.input_dim))
