@@ -8,7 +8,6 @@ from keras import ops
 
 from keras_mogrifier import _validation
 from keras_mogrifier.data.batching import StreamDataset
-from keras_mogrifier.losses.chunked_log_softmax import chunked_target_log_softmax
 from keras_mogrifier.losses.token_nll import token_nll
 from keras_mogrifier.models.language_model import DEFAULT_CHUNK_SIZE
 
@@ -161,17 +160,8 @@ class _MonteCarloScorer(keras.Model):
         out = self.ensemble(ids, training=True)
         if self.ensemble.softmax_chunk_size is None:
             return token_nll(targets, out * self.temperature)
-        kernel, bias = self.ensemble.softmax_weights()
-        if len(out.shape) == 4:
-            targets = ops.broadcast_to(
-                ops.expand_dims(targets, 1), ops.shape(out)[:-1]
-            )
-        log_prob = chunked_target_log_softmax(
-            out,
-            ops.cast(kernel, "float32") * self.temperature,
-            ops.cast(bias, "float32") * self.temperature,
-            targets,
-            self.chunk_size,
+        log_prob = self.ensemble.target_log_probabilities(
+            out, targets, self.chunk_size, temperature=self.temperature
         )
         if len(out.shape) == 4:
             passes = ops.cast(ops.shape(log_prob)[1], log_prob.dtype)

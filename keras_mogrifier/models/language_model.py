@@ -490,7 +490,9 @@ class LanguageModel(keras.Model):
             return self.output_layer.kernel, bias
         return ops.transpose(self.embedding.embeddings), self.output_bias
 
-    def target_log_probabilities(self, features, targets, chunk_size=None):
+    def target_log_probabilities(
+        self, features, targets, chunk_size=None, temperature=1.0
+    ):
         """Log-probability of every target, from the softmax features.
 
         `features` are what `model(x, training=True)` returns with
@@ -505,6 +507,8 @@ class LanguageModel(keras.Model):
             targets: int tensor `(batch, time)`. The target ids.
             chunk_size: int or None. Tokens per chunk; `None` is the model's
                 `softmax_chunk_size` (or 1024 when that is unset).
+            temperature: float. Softmax temperature τ: the logits are
+                multiplied by it. Defaults to `1.0`.
 
         Returns:
             A float32 tensor, `features.shape[:-1]`: `log p(target)` of every
@@ -524,6 +528,10 @@ class LanguageModel(keras.Model):
                 f"targets.shape={tuple(targets.shape)}"
             )
         kernel, bias = self.softmax_weights()
+        if temperature != 1.0:
+            # logits × τ = features @ (τ·kernel) + τ·bias
+            kernel = ops.cast(kernel, "float32") * temperature
+            bias = ops.cast(bias, "float32") * temperature
         chunk_size = chunk_size or self.softmax_chunk_size or DEFAULT_CHUNK_SIZE
         return chunked_target_log_softmax(features, kernel, bias, targets, chunk_size)
 
