@@ -74,3 +74,267 @@ class CaptureVariables(keras.callbacks.Callback):
         self.after_segment.append(
             [keras.ops.convert_to_numpy(v).copy() for v in self.variables]
         )
+
+
+# === Backend-neutral helpers ===
+#
+# Tests compute their own reference gradients with each backend's autodiff,
+# independently of the library's `keras_mogrifier.backend` seam.
+
+BACKEND = keras.backend.backend()
+
+
+def to_numpy(x):
+    """NumPy value of a tensor, variable or array (detached on PyTorch)."""
+    if isinstance(x, np.ndarray):
+        return x
+    return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def value_and_gradients(fn, sources, model=None, has_aux=False):
+    """`(fn(), [∂fn/∂s for s in sources])`, eagerly, on the active backend.
+
+    `sources` are Keras variables or tensors; `fn` returns a scalar computed
+    from them (variables are read inside `fn`; tensors among the sources are
+    replaced by differentiable copies, which `fn` receives as its arguments:
+    `fn(*tensors)`). With `has_aux`, `fn` returns `(scalar, aux)` and the
+    first result is `(value, aux)`, both as NumPy. A source that `fn` does
+    not use gets a zero gradient. Pass `model` when `fn` calls a model that
+    assigns its own variables (a carried recurrent state): on JAX, where the
+    computation is traced as a pure function, those assignments are then
+    written back as they would be eagerly.
+    """
+    variables = [s for s in sources if isinstance(s, keras.Variable)]
+    tensors = [s for s in sources if not isinstance(s, keras.Variable)]
+
+    def split(out):
+        return out if has_aux else (out, None)
+
+    def result(value, aux, grads):
+        value = to_numpy(value)
+        if has_aux:
+            aux = keras.tree.map_structure(to_numpy, aux)
+            return (value, aux), grads
+        return value, grads
+
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        targets = [v.value for v in variables]
+        with tf.GradientTape(persistent=True) as tape:
+            # Non-trainable variables are not watched automatically.
+            for t in tensors + targets:
+                tape.watch(t)
+            value, aux = split(fn(*tensors))
+        grads_v = tape.gradient(value, targets)
+        grads_t = tape.gradient(value, tensors) if tensors else []
+        grads = _merge(sources, grads_v, grads_t)
+        grads = [
+            np.zeros(s.shape, "float32") if g is None else to_numpy(tf.convert_to_tensor(g))
+            for s, g in zip(sources, grads)
+        ]
+        return result(value, aux, grads)
+    if BACKEND == "jax":
+        import jax
+
+        everything = _model_state(model) if model is not None else []
+        known = {id(v) for v in everything}
+        everything += [v for v in variables if id(v) not in known]
+        position = {id(v): i for i, v in enumerate(everything)}
+
+        def pure(var_values, tensor_values, all_values):
+            all_values = list(all_values)
+            for v, value in zip(variables, var_values):
+                all_values[position[id(v)]] = value
+            mapping = list(zip(everything, all_values))
+            with keras.StatelessScope(state_mapping=mapping) as scope:
+                value, aux = split(fn(*tensor_values) if tensor_values else fn())
+            new = [scope.get_current_value(v) for v in everything]
+            return value, (aux, new)
+
+        tensors = [jax.numpy.asarray(t) for t in tensors]
+        values = [v.value for v in variables]
+        all_values = [v.value for v in everything]
+        (value, (aux, new)), (grads_v, grads_t) = jax.value_and_grad(
+            pure, argnums=(0, 1), has_aux=True
+        )(values, tensors, all_values)
+        if model is not None:
+            for v, old, value_new in zip(everything, all_values, new):
+                if value_new is not None and value_new is not old and id(v) not in {
+                    id(s) for s in variables
+                }:
+                    v.assign(value_new)
+        grads = _merge(sources, grads_v, grads_t)
+        return result(value, aux, [to_numpy(g) for g in grads])
+    if BACKEND == "torch":
+        import torch
+
+        tensors = [
+            torch.tensor(to_numpy(t), requires_grad=True) for t in tensors
+        ]
+        params = [v.value for v in variables]
+        flags = [p.requires_grad for p in params]
+        for p in params:
+            p.requires_grad_(True)
+        # With a model, its own assignments wait until the backward pass is
+        # done (Keras's stateful LSTM writes its state in place on PyTorch).
+        scope = keras.StatelessScope() if model is not None else None
+        try:
+            if scope is not None:
+                with scope:
+                    value, aux = split(fn(*tensors) if tensors else fn())
+            else:
+                value, aux = split(fn(*tensors) if tensors else fn())
+            grads = torch.autograd.grad(value, params + tensors, allow_unused=True)
+        finally:
+            for p, flag in zip(params, flags):
+                p.requires_grad_(flag)
+        if scope is not None:
+            for v in _model_state(model):
+                new = scope.get_current_value(v)
+                if new is not None:
+                    v.assign(new.detach())
+        grads = _merge(sources, grads[: len(params)], grads[len(params) :])
+        grads = [
+            np.zeros(tuple(s.shape), "float32") if g is None else to_numpy(g.detach())
+            for s, g in zip(sources, grads)
+        ]
+        return result(value.detach(), aux, grads)
+    raise NotImplementedError(BACKEND)
+
+
+def _model_state(model):
+    """The model's variables and its stateful RNNs' (untracked) state variables."""
+    everything = list(model.variables)
+    for layer in model._flatten_layers():
+        if isinstance(layer, keras.layers.RNN) and layer.stateful and layer.states:
+            everything += list(keras.tree.flatten(layer.states))
+    return everything
+
+
+def _merge(sources, grads_v, grads_t):
+    grads_v, grads_t = list(grads_v), list(grads_t)
+    return [
+        grads_v.pop(0) if isinstance(s, keras.Variable) else grads_t.pop(0)
+        for s in sources
+    ]
+
+
+def backend_specific(*backends, reason):
+    """Marks a test that only means something on `backends`, saying why.
+
+    On another backend the test is skipped with `reason` in the report, so
+    nothing is skipped silently.
+    """
+    import pytest
+
+    return pytest.mark.skipif(
+        BACKEND not in backends,
+        reason=f"{'/'.join(backends)} only: {reason}",
+    )
+
+
+# === Compiled calls (the analogue of `tf.function`) ===
+
+
+def jit(fn):
+    """`fn`, a pure function of tensors, compiled as `jit_compile=True` would.
+
+    TensorFlow: `tf.function(jit_compile=True)` (XLA); JAX: `jax.jit`. On
+    PyTorch `fn` runs eagerly: there Keras only traces when a model is
+    compiled with `jit_compile=True` (`torch.compile`), which takes many
+    seconds per function (too slow for unit tests) and graph-breaks around
+    what it cannot trace, running that part eagerly anyway. Tests of
+    `torch.compile` itself go through `model.compile(jit_compile=True)`.
+    Calls of layers that hold random state (dropout) use `jit_layer_call`.
+    """
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(fn, jit_compile=True)
+    if BACKEND == "jax":
+        import jax
+
+        return jax.jit(fn)
+    return fn
+
+
+def jit_layer_call(layer):
+    """`run(x, training) -> layer(x, training=training)`, compiled like `jit`.
+
+    The layer may hold random state (a `SeedGenerator` for dropout) that
+    advances at every call. On JAX the call is a jitted `stateless_call`
+    (`training` static) whose new non-trainable state, the seeds included,
+    is written back after each call, as Keras's trainers do.
+    """
+    if BACKEND == "jax":
+        import jax
+
+        def stateless(trainable, non_trainable, x, training):
+            return layer.stateless_call(
+                trainable, non_trainable, x, training=training
+            )
+
+        compiled = jax.jit(stateless, static_argnums=3)
+
+        def run(x, training):
+            outputs, non_trainable = compiled(
+                [v.value for v in layer.trainable_variables],
+                [v.value for v in layer.non_trainable_variables],
+                x,
+                bool(training),
+            )
+            for variable, value in zip(layer.non_trainable_variables, non_trainable):
+                variable.assign(value)
+            return outputs
+
+        return run
+    return jit(lambda x, training: layer(x, training=training))
+
+
+def value_and_grad_fn(fn, has_aux=False):
+    """`g(*args) -> (fn(*args), [∂fn/∂arg])`, traceable: usable inside `jit`.
+
+    Unlike `value_and_gradients`, `g` returns tensors, not NumPy, and
+    differentiates with respect to all of its (tensor) arguments. With
+    `has_aux`, `fn` returns `(scalar, aux)` and so does `g`'s first result.
+    """
+    def split(out):
+        return out[0] if has_aux else out
+
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        def g(*args):
+            args = [tf.convert_to_tensor(a) for a in args]
+            with tf.GradientTape() as tape:
+                for a in args:
+                    tape.watch(a)
+                out = fn(*args)
+            return out, tape.gradient(split(out), args)
+
+        return g
+    if BACKEND == "jax":
+        import jax
+
+        def g(*args):
+            argnums = tuple(range(len(args)))
+            out, grads = jax.value_and_grad(fn, argnums, has_aux=has_aux)(*args)
+            return out, list(grads)
+
+        return g
+    if BACKEND == "torch":
+        import torch
+
+        def g(*args):
+            args = [
+                keras.ops.convert_to_tensor(a).detach().clone().requires_grad_(True)
+                for a in args
+            ]
+            out = fn(*args)
+            grads = torch.autograd.grad(split(out), args, allow_unused=True)
+            return out, list(grads)
+
+        return g
+    raise NotImplementedError(BACKEND)

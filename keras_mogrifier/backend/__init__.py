@@ -1,32 +1,48 @@
 """The one seam between the library and a particular Keras backend.
 
-Layers, losses and optimizers use only `keras.ops`; the only code that needs
-a per-backend path is the one that takes gradients outside `fit` (dynamic
-evaluation). It lives in one module per backend, chosen here from
-`keras.backend.backend()`; importing this package does not import any
-backend library.
+Layers, losses, optimizers, the dynamic-evaluation update rules and the
+decoding loop use only `keras.ops`. What cannot be written that way is
+compiling a function that calls a model outside `fit` and taking gradients
+outside `fit`: TensorFlow traces it with `tf.function` and a
+`GradientTape`, JAX needs pure functions of the variables' values
+(`jax.jit`, `jax.value_and_grad`), PyTorch runs eagerly with autograd.
+Each backend module implements the same four functions:
+
+- `default_jit_compile(model) -> bool`: what `jit_compile="auto"` means.
+- `function(fn, jit_compile)`: compiles `fn`, a pure function of (nested
+  lists of) tensors with no model inside, e.g. an update rule.
+- `model_function(model, fn, jit_compile)`: compiles `fn(*tensors)`, which
+  may call `model` (without gradients); the values that `fn` assigns to the
+  model's variables (a carried recurrent state) are kept.
+- `model_gradients(model, variables, fn, jit_compile)`: compiles
+  `fn(*tensors) -> (objective, aux)` and returns a function
+  `(*tensors) -> (aux, gradients)`, the gradients of the scalar objective
+  with respect to `variables` (dense, in their shapes, zeros where unused);
+  variable assignments inside `fn` are kept, as above.
+
+`get_backend_module()` returns the module of the active backend; importing
+this package imports no backend library.
 """
 
 import importlib
 
 import keras
 
-_IMPLEMENTED = ("tensorflow",)
+BACKENDS = ("tensorflow", "jax", "torch")
 
 
 def get_backend_module():
-    """Returns the module with the compiled steps for the active backend.
+    """Returns the seam's implementation for the active Keras backend.
 
     Raises:
-        NotImplementedError: if the active Keras backend has no implementation
-            yet (only TensorFlow has one).
+        ValueError: if the active Keras backend is not one of TensorFlow, JAX
+            or PyTorch (e.g. `"numpy"`, which cannot take gradients).
     """
     name = keras.backend.backend()
-    if name not in _IMPLEMENTED:
-        raise NotImplementedError(
-            "Dynamic evaluation needs gradients outside `fit`, which "
-            f"keras_mogrifier implements for the {list(_IMPLEMENTED)} "
-            f"backend(s) only. The active Keras backend is {name!r}; set "
-            "KERAS_BACKEND=tensorflow before importing keras."
+    if name not in BACKENDS:
+        raise ValueError(
+            "Expected the Keras backend to be one of "
+            f"{list(BACKENDS)} (set KERAS_BACKEND before importing keras). "
+            f"Received: {name!r}"
         )
     return importlib.import_module(f"keras_mogrifier.backend.{name}")

@@ -10,6 +10,7 @@ from keras import ops
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.evaluation import _recurrent_state
+from keras_mogrifier.evaluation import update_rules
 
 ADAPTATION_KERNEL_NAME = "adaptation_kernel"
 NORMALIZERS = ("tensor_mean", "global_mean")
@@ -392,19 +393,29 @@ class DynamicEvaluator(keras.callbacks.Callback):
         else:
             batches = iter(data)
 
-        step, accumulators = self._step("statistics", variables, per_stream=per_stream)
+        step = self._step("gradients", variables)
+        accumulate = self._step("accumulate", variables, per_stream=per_stream)
         states = _recurrent_state.state_variables(model)
         saved_states = _recurrent_state.snapshot(states)
         count, loss_sum = 0, 0.0
+        accumulators = [
+            ops.zeros(v.shape[1:] if ps else v.shape, "float32")
+            for v, ps in zip(variables, per_stream)
+        ]
         try:
-            for acc in accumulators:
-                acc.assign(ops.zeros(acc.shape, acc.dtype))
             _recurrent_state.reset(states)
             for batch in batches:
                 if steps is not None and count >= steps:
                     break
                 x, y, w = self._check_batch_pair(model, batch, limit)
-                loss_sum += float(step(x, y, w))
+                # The gradient of the batch's (weighted) mean token loss.
+                v = w / max(float(np.sum(w)), 1.0)
+                token_losses, gradients = step(
+                    ops.convert_to_tensor(x), ops.convert_to_tensor(y),
+                    ops.convert_to_tensor(v),
+                )
+                accumulators = accumulate(accumulators, gradients)
+                loss_sum += float(np.sum(_numpy(token_losses) * v, dtype="float64"))
                 count += 1
             if count == 0:
                 raise ValueError("Expected `data` to yield at least one batch. Received none.")
@@ -516,9 +527,10 @@ class DynamicEvaluator(keras.callbacks.Callback):
         seen_per_segment = np.minimum(np.arange(1, num_segments + 1) * n, predicted)
 
         if adapt:
-            step = self._step("dynamic", variables)
+            gradient_step = self._step("gradients", variables)
+            update = self._step("update", variables)
         else:
-            step = self._step("forward", [])
+            forward_step = self._step("forward", [])
         states = _recurrent_state.state_variables(model)
         callback_list = keras.callbacks.CallbackList(
             callbacks,
@@ -542,24 +554,31 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 if group > 0:
                     _recurrent_state.assign(variables, theta_g)
                 _recurrent_state.reset(states)
-                x_group = ops.convert_to_tensor(inputs[rows])
-                y_group = ops.convert_to_tensor(targets[rows])
-                w_group = ops.convert_to_tensor(weights[rows])
                 for s in range(num_segments):
                     index = group * num_segments + s
                     callback_list.on_test_batch_begin(index)
-                    start = ops.convert_to_tensor(s * n, "int32")
+                    columns = slice(s * n, (s + 1) * n)
+                    x = ops.convert_to_tensor(inputs[rows, columns])
+                    y = ops.convert_to_tensor(targets[rows, columns])
+                    w = weights[rows, columns]
                     if adapt:
-                        segment_losses = step(
-                            x_group, y_group, w_group, start,
-                            theta_g, rms, hyperparameters,
+                        # Each stream's mean segment loss; their sum is the
+                        # objective, so a per-stream matrix gets its own
+                        # stream's gradient.
+                        v = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
+                        token_losses, gradients = gradient_step(
+                            x, y, ops.convert_to_tensor(v)
                         )
+                        thetas = [ops.convert_to_tensor(v.value) for v in variables]
+                        new = update(thetas, gradients, theta_g, rms, hyperparameters)
+                        for variable, value in zip(variables, new):
+                            variable.assign(value)
                     else:
-                        segment_losses = step(x_group, y_group, w_group, start)
+                        token_losses = forward_step(x, y)
+                    segment_losses = _numpy(token_losses) * w
                     losses.append(segment_losses)
                     if report:
-                        values = ops.convert_to_numpy(segment_losses)
-                        loss_sum += float(np.sum(values, dtype="float64"))
+                        loss_sum += float(np.sum(segment_losses, dtype="float64"))
                         seen = tokens_done + group_tokens * int(seen_per_segment[s])
                         running = loss_sum / seen
                         callback_list.on_test_batch_end(
@@ -573,7 +592,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         per_group = []
         for g in range(num_groups):
             segments = losses[g * num_segments : (g + 1) * num_segments]
-            per_group.append(np.concatenate([ops.convert_to_numpy(t) for t in segments], axis=1))
+            per_group.append(np.concatenate(segments, axis=1))
         token_losses = np.concatenate(per_group, axis=0)[:num_streams, :predicted]
         loss = float(np.sum(token_losses, dtype="float64") / token_losses.size)
         results = {
@@ -682,7 +701,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 f"per-stream adaptation matrices. Received: {x.shape[0]}"
             )
         self._check_batch(model, x.shape[0], "the batch size of `data`")
-        return ops.convert_to_tensor(x), ops.convert_to_tensor(y), ops.convert_to_tensor(w)
+        return x, y, w
 
     def _update_terms(self):
         """`RMS = sqrt(MS_g)` per variable and the float32 vector `[η, ε, λ, mean(RMS)]`."""
@@ -704,6 +723,16 @@ class DynamicEvaluator(keras.callbacks.Callback):
         return rms, hyperparameters
 
     def _step(self, kind, variables, per_stream=None):
+        """The compiled function `kind` for `variables`, built once per model.
+
+        - `"forward"`: `(x, y) -> token losses`, the model in inference mode
+          (its carried state is updated);
+        - `"gradients"`: `(x, y, v) -> (token losses, gradients)`, the
+          gradients of `Σ v ⊙ token losses` with respect to `variables`;
+        - `"update"`: the update rule over all `variables`;
+        - `"accumulate"`: adds the squared gradients to the accumulators
+          (summed over the stream axis of per-stream variables first).
+        """
         model = self._model
         if self._steps_model is not model:
             self._steps = {}
@@ -711,19 +740,57 @@ class DynamicEvaluator(keras.callbacks.Callback):
         jit = self.jit_compile
         if jit == "auto":
             jit = self._backend.default_jit_compile(model)
-        n = self.segment_length
-        key = (kind, tuple(id(v) for v in variables), n, jit)
-        if key not in self._steps:
-            if kind == "forward":
-                built = self._backend.make_forward_step(model, n, jit)
-            elif kind == "dynamic":
-                built = self._backend.make_dynamic_step(model, variables, n, jit)
-            else:
-                built = self._backend.make_gradient_statistics_step(
-                    model, variables, per_stream, jit
-                )
-            self._steps[key] = built
-        return self._steps[key]
+        key = (kind, tuple(id(v) for v in variables), jit)
+        if key in self._steps:
+            return self._steps[key]
+        backend = self._backend
+        if kind == "forward":
+            built = backend.model_function(
+                model, lambda x, y: _token_losses(model, x, y), jit
+            )
+        elif kind == "gradients":
+
+            def objective(x, y, v):
+                token_losses = _token_losses(model, x, y)
+                return ops.sum(token_losses * v), token_losses
+
+            built = backend.model_gradients(model, variables, objective, jit)
+        elif kind == "update":
+            rule = update_rules.rms_rms_prior
+
+            def update(thetas, gradients, theta_g, rms, hyperparameters):
+                return [
+                    rule(t, g, tg, r, hyperparameters)
+                    for t, g, tg, r in zip(thetas, gradients, theta_g, rms)
+                ]
+
+            # Memory-bound elementwise work: fused with XLA where possible.
+            built = backend.function(update, jit_compile=True)
+        else:
+            flags = tuple(per_stream)
+
+            def accumulate(accumulators, gradients):
+                out = []
+                for acc, g, ps in zip(accumulators, gradients, flags):
+                    g = ops.cast(g, "float32")
+                    if ps:
+                        g = ops.sum(g, axis=0)
+                    out.append(acc + ops.square(g))
+                return out
+
+            built = backend.function(accumulate, jit_compile=True)
+        self._steps[key] = built
+        return built
+
+
+def _token_losses(model, x, y):
+    """Sparse cross-entropy of every token, float32, dropout off."""
+    logits = ops.cast(model(x, training=False), "float32")
+    return ops.sparse_categorical_crossentropy(y, logits, from_logits=True)
+
+
+def _numpy(tensor):
+    return np.asarray(ops.convert_to_numpy(tensor))
 
 
 def _is_sequence(value):

@@ -434,7 +434,7 @@ class LanguageModel(keras.Model):
             initial_state = None
             if self.stateful:
                 initial_state = [
-                    ops.slice(v, (0, 0), (rows, self.units))
+                    self._read_state(v, rows)
                     for v in self.recurrent_state_variables[2 * layer : 2 * layer + 2]
                 ]
             h, h_last, c_last = rnn(x, initial_state=initial_state, training=training)
@@ -444,11 +444,7 @@ class LanguageModel(keras.Model):
             x = _sum(outputs) if self.residual else h
         if self.stateful:
             for variable, state in zip(self.recurrent_state_variables, new_states):
-                variable.assign(
-                    ops.slice_update(
-                        variable, (0, 0), ops.cast(state, variable.dtype)
-                    )
-                )
+                self._write_state(variable, state)
         if self.dual_layer is not None:
             x = self.dual_layer([embedded, x], training=training)
         else:
@@ -470,6 +466,20 @@ class LanguageModel(keras.Model):
         if multi_sample:
             logits = self._sample_axis(logits, batch)
         return logits
+
+    def _read_state(self, variable, rows):
+        # The carried state enters the graph as a copy of the variable's
+        # current value: the variable is written again at the end of the call
+        # (in place on PyTorch, which must not touch a tensor that autograd
+        # saved), and JAX traces values, never the variable itself.
+        value = ops.convert_to_tensor(variable)
+        return ops.copy(ops.slice(value, (0, 0), (rows, self.units)))
+
+    def _write_state(self, variable, state):
+        # Truncated BPTT: the carried state is a constant for the next window.
+        state = ops.stop_gradient(ops.cast(state, variable.dtype))
+        value = ops.convert_to_tensor(variable)
+        variable.assign(ops.slice_update(value, (0, 0), state))
 
     def _sample_axis(self, x, batch):
         # Rows are copy-major (the ids were tiled): (D·B, ...) -> (B, D, ...).

@@ -1,7 +1,8 @@
 """Tests of DynamicEvaluator against independent hand computations.
 
-The references here use an eager `tf.GradientTape` and NumPy arithmetic in
-float64, never the evaluator's compiled steps.
+The references here take eager gradients with the backend's own autodiff
+(`testing.value_and_gradients`, independent of the library's backend seam)
+and do NumPy arithmetic in float64, never the evaluator's compiled steps.
 """
 
 import math
@@ -9,18 +10,18 @@ import math
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from keras_mogrifier.evaluation import DynamicEvaluator
 
 import testing
+from testing import to_numpy
 
 VOCAB = 12
 
 
 def lstm_model(batch=1, stateful=True, units=6, seed=0, unroll=False):
-    keras.utils.set_random_seed(seed)
-    return keras.Sequential(
+    """A small stateful LSTM LM with the same weights on every backend."""
+    model = keras.Sequential(
         [
             keras.Input(batch_shape=(batch, None), dtype="int32"),
             keras.layers.Embedding(VOCAB, 5),
@@ -30,6 +31,10 @@ def lstm_model(batch=1, stateful=True, units=6, seed=0, unroll=False):
             keras.layers.Dense(VOCAB),
         ]
     )
+    rng = np.random.default_rng(seed)
+    for v in model.trainable_variables:
+        v.assign(rng.uniform(-0.4, 0.4, size=v.shape).astype("float32"))
+    return model
 
 
 class CapacityStateModel(keras.Model):
@@ -58,9 +63,12 @@ class CapacityStateModel(keras.Model):
     def call(self, x, training=False):
         b = x.shape[0]
         e = self.embedding(x)
-        out, h, c = self.rnn(e, initial_state=[self.h[:b], self.c[:b]], training=training)
-        self.h.assign(keras.ops.slice_update(self.h, (0, 0), h))
-        self.c.assign(keras.ops.slice_update(self.c, (0, 0), c))
+        # Copies of the rows in use (the variables are written again below).
+        h0, c0 = (keras.ops.copy(keras.ops.convert_to_tensor(v)[:b]) for v in (self.h, self.c))
+        out, h, c = self.rnn(e, initial_state=[h0, c0], training=training)
+        for v, new in ((self.h, h), (self.c, c)):
+            new = keras.ops.stop_gradient(new)
+            v.assign(keras.ops.slice_update(keras.ops.convert_to_tensor(v), (0, 0), new))
         return self.head(out)
 
 
@@ -68,9 +76,9 @@ def state_values(model):
     out = []
     for layer in model._flatten_layers():
         if isinstance(layer, keras.layers.RNN) and layer.stateful:
-            out += [v.numpy().copy() for v in layer.states]
+            out += [to_numpy(v).copy() for v in layer.states]
     for v in getattr(model, "recurrent_state_variables", []):
-        out.append(v.numpy().copy())
+        out.append(to_numpy(v).copy())
     return out
 
 
@@ -93,7 +101,7 @@ def reset_state(model):
 
 
 def weight_values(model):
-    return [v.numpy().copy() for v in model.variables]
+    return [to_numpy(v).copy() for v in model.variables]
 
 
 def assert_same(a, b):
@@ -112,9 +120,31 @@ def numpy_token_losses(logits, targets):
 def static_one_pass(model, stream):
     """Whole stream in one call from a zero state: the static reference."""
     reset_state(model)
-    logits = model(stream[None, :-1]).numpy()
+    logits = to_numpy(model(stream[None, :-1]))
     reset_state(model)
     return numpy_token_losses(logits, stream[None, 1:])[0]
+
+
+def losses_and_gradients(model, x, y, w=None, variables=None):
+    """`((mean loss, token losses), gradients)` by the backend's autodiff, float64.
+
+    The loss is the (weighted) mean sparse cross-entropy of `model(x)`; the
+    model's carried state advances as in an eager call.
+    """
+    variables = model.trainable_variables if variables is None else variables
+
+    def fn():
+        logits = keras.ops.cast(model(x), "float32")
+        losses = keras.ops.sparse_categorical_crossentropy(y, logits, from_logits=True)
+        if w is None:
+            return keras.ops.mean(losses), losses
+        weights = keras.ops.convert_to_tensor(np.asarray(w, "float32"))
+        return keras.ops.sum(losses * weights) / float(np.sum(w)), losses
+
+    (loss, losses), grads = testing.value_and_gradients(
+        fn, variables, model=model, has_aux=True
+    )
+    return (float(loss), losses), [g.astype("float64") for g in grads]
 
 
 def random_statistics(variables, seed=3):
@@ -139,7 +169,7 @@ class RaiseAt(keras.callbacks.Callback):
 def reference_dynamic_evaluation(model, stream, n, statistics, lr, lam, eps, normalizer):
     """Krause's rule by hand: eager tape, float64 NumPy update."""
     variables = model.trainable_variables
-    theta_g = [v.numpy().astype("float64") for v in variables]
+    theta_g = [to_numpy(v).astype("float64") for v in variables]
     rms = [np.sqrt(statistics[v.path].astype("float64")) for v in variables]
     if normalizer == "tensor_mean":
         mean_rms = np.mean([r.mean() for r in rms])
@@ -151,17 +181,12 @@ def reference_dynamic_evaluation(model, stream, n, statistics, lr, lam, eps, nor
     token_losses, weights_after = [], []
     for start in range(0, len(x), n):
         xs, ys = x[None, start : start + n], y[None, start : start + n]
-        with tf.GradientTape() as tape:
-            logits = model(xs)
-            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(ys, logits)
-            loss = tf.reduce_mean(losses)
-        grads = tape.gradient(loss, variables)
-        token_losses.append(losses.numpy()[0])
+        (_, losses), grads = losses_and_gradients(model, xs, ys, variables=variables)
+        token_losses.append(losses[0])
         for v, g, tg, r, d in zip(variables, grads, theta_g, rms, decay):
-            theta = v.numpy().astype("float64")
-            g = tf.convert_to_tensor(g).numpy().astype("float64")
+            theta = to_numpy(v).astype("float64")
             v.assign((theta - lr * g / (r + eps) + d * (tg - theta)).astype("float32"))
-        weights_after.append([v.numpy().copy() for v in variables])
+        weights_after.append([to_numpy(v).copy() for v in variables])
     for v, tg in zip(variables, theta_g):
         v.assign(tg.astype("float32"))
     reset_state(model)
@@ -197,7 +222,7 @@ def test_update_rule_matches_hand_computation(decay_rate, normalizer):
         for a, e in zip(actual, expected):
             np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
     # The weights moved: the test would notice a missing update.
-    assert not np.allclose(expected_weights[0][1], model.trainable_variables[1].numpy())
+    assert not np.allclose(expected_weights[0][1], to_numpy(model.trainable_variables[1]))
     np.testing.assert_allclose(result["token_losses"][0], expected_losses, rtol=1e-5)
     loss = expected_losses.mean()
     assert result["num_tokens"] == 14
@@ -213,12 +238,17 @@ def test_decay_only_pulls_back_to_trained_weights():
     ev = DynamicEvaluator(model, learning_rate=0.0, decay_rate=0.9)
     ev.gradient_statistics = random_statistics(model.trainable_variables)
     capture = testing.CaptureVariables(model.trainable_variables)
-    before = [v.numpy().copy() for v in model.trainable_variables]
+    before = [to_numpy(v).copy() for v in model.trainable_variables]
     ev.evaluate(stream, callbacks=[capture], verbose=0)
     for after in capture.after_segment:
         assert_same(after, before)
 
 
+@testing.backend_specific(
+    "tensorflow",
+    reason="jit_compile chooses between graph and XLA on TensorFlow; JAX always "
+    "compiles with XLA and PyTorch runs eagerly",
+)
 def test_xla_step_matches_graph_step():
     # Unrolled (segments have a static length) so that XLA compiles quickly.
     model = lstm_model(unroll=True)
@@ -254,13 +284,10 @@ def test_gradient_statistics_from_stream_match_hand_computation():
     losses = []
     for i in range(3):
         x, y = streams[:, i * n : (i + 1) * n], streams[:, i * n + 1 : (i + 1) * n + 1]
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x))
-            )
-        for s, g in zip(squares, tape.gradient(loss, variables)):
-            s += tf.convert_to_tensor(g).numpy().astype("float64") ** 2
-        losses.append(float(loss))
+        (loss, _), grads = losses_and_gradients(model, x, y)
+        for s, g in zip(squares, grads):
+            s += g**2
+        losses.append(loss)
     assert logs["num_batches"] == 3
     np.testing.assert_allclose(logs["loss"], np.mean(losses), rtol=1e-5)
     statistics = ev.gradient_statistics
@@ -276,18 +303,14 @@ def test_gradient_statistics_from_batches_with_steps():
     batches = [(rng.integers(0, VOCAB, (2, 6)), rng.integers(0, VOCAB, (2, 6))) for _ in range(4)]
     ev = DynamicEvaluator(model)
     weights = weight_values(model)
-    logs = ev.collect_gradient_statistics(tf.data.Dataset.from_tensor_slices(
-        (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches]))
-    ), steps=3)
+    logs = ev.collect_gradient_statistics(iter(batches), steps=3)
     assert logs["num_batches"] == 3
     assert_same(weight_values(model), weights)
     variables = model.trainable_variables
     squares = [np.zeros(v.shape) for v in variables]
     for x, y in batches[:3]:
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x)))
-        for s, g in zip(squares, tape.gradient(loss, variables)):
-            s += tf.convert_to_tensor(g).numpy().astype("float64") ** 2
+        for s, g in zip(squares, losses_and_gradients(model, x, y)[1]):
+            s += g**2
     for v, s in zip(variables, squares):
         np.testing.assert_allclose(ev.gradient_statistics[v.path], s / 3, rtol=1e-4, atol=1e-12)
 
@@ -309,11 +332,8 @@ def test_gradient_statistics_from_weighted_batches():
     variables = model.trainable_variables
     squares = [np.zeros(v.shape) for v in variables]
     for x, y, w in batches:
-        with tf.GradientTape() as tape:
-            losses = tf.nn.sparse_softmax_cross_entropy_with_logits(y, model(x))
-            loss = tf.reduce_sum(losses * w) / w.sum()
-        for s, g in zip(squares, tape.gradient(loss, variables)):
-            s += tf.convert_to_tensor(g).numpy().astype("float64") ** 2
+        for s, g in zip(squares, losses_and_gradients(model, x, y, w)[1]):
+            s += g**2
     for v, s in zip(variables, squares):
         np.testing.assert_allclose(ev.gradient_statistics[v.path], s / 2, rtol=1e-4, atol=1e-12)
 
@@ -664,7 +684,7 @@ def test_all_zero_statistics_raise():
         ev.evaluate(np.arange(6))
 
 
-def test_unimplemented_backend_raises(monkeypatch):
-    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
-    with pytest.raises(NotImplementedError, match="tensorflow"):
+def test_backend_without_gradients_raises(monkeypatch):
+    monkeypatch.setattr(keras.backend, "backend", lambda: "numpy")
+    with pytest.raises(ValueError, match="tensorflow.*jax.*torch.*Received: 'numpy'"):
         DynamicEvaluator()

@@ -2,6 +2,7 @@
 
 import keras
 import numpy as np
+from testing import to_numpy
 
 from keras_mogrifier.evaluation import DynamicEvaluator
 from keras_mogrifier.models import LanguageModel
@@ -24,8 +25,8 @@ def test_language_model_statistics_at_batch_4_evaluation_at_batch_1():
     rng = np.random.default_rng(0)
     for v in model.recurrent_state_variables:
         v.assign(rng.normal(size=v.shape).astype("float32"))
-    states = [v.numpy().copy() for v in model.recurrent_state_variables]
-    weights = [v.numpy().copy() for v in model.variables]
+    states = [to_numpy(v).copy() for v in model.recurrent_state_variables]
+    weights = [to_numpy(v).copy() for v in model.variables]
 
     ev = DynamicEvaluator(model, learning_rate=0.0, decay_rate=0.1)
     ev.collect_gradient_statistics(rng.integers(0, VOCAB, 200), batch_size=4, steps=5)
@@ -34,12 +35,12 @@ def test_language_model_statistics_at_batch_4_evaluation_at_batch_1():
     result = ev.evaluate(stream, verbose=0, return_token_losses=True)
 
     for v, s in zip(model.recurrent_state_variables, states):
-        np.testing.assert_array_equal(v.numpy(), s)
+        np.testing.assert_array_equal(to_numpy(v), s)
     for v, w in zip(model.variables, weights):
-        np.testing.assert_array_equal(v.numpy(), w)
+        np.testing.assert_array_equal(to_numpy(v), w)
 
     model.reset_states()
-    logits = model(stream[None, :-1]).numpy().astype("float64")[0]
+    logits = to_numpy(model(stream[None, :-1])).astype("float64")[0]
     logits -= logits.max(-1, keepdims=True)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     expected = -log_probs[np.arange(17), stream[1:]]
@@ -55,11 +56,11 @@ def test_language_model_sparse_adapts_only_its_adaptation_matrix():
     assert kernel.shape == (4, 4)
     rng = np.random.default_rng(1)
     ev.collect_gradient_statistics(rng.integers(0, VOCAB, 200), batch_size=4, steps=5)
-    others = [v.numpy().copy() for v in model.variables if v is not kernel]
+    others = [to_numpy(v).copy() for v in model.variables if v is not kernel]
     text = np.tile(rng.integers(0, VOCAB, 6), 8)
     static = ev.evaluate(text, adapt=False, verbose=0)
     dynamic = ev.evaluate(text, verbose=0)
     assert dynamic["loss"] < static["loss"]
-    np.testing.assert_array_equal(kernel.numpy(), np.zeros((4, 4)))
+    np.testing.assert_array_equal(to_numpy(kernel), np.zeros((4, 4)))
     for v, w in zip([v for v in model.variables if v is not kernel], others):
-        np.testing.assert_array_equal(v.numpy(), w)
+        np.testing.assert_array_equal(to_numpy(v), w)

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from testing import to_numpy
 
 from keras_mogrifier.data.batching import StreamDataset
 from keras_mogrifier.evaluation.mc_dropout import mc_dropout_evaluate
@@ -28,7 +29,7 @@ def _numpy_ensemble_nll(model, passes, seed):
     per_pass, ensemble, weights = [], [], []
     for index in range(len(data)):
         x, y, w = data[index]
-        logits = np.asarray(replay(x, training=True), "float64").reshape(B, passes, T, V)
+        logits = to_numpy(replay(x, training=True)).astype("float64").reshape(B, passes, T, V)
         p = np.exp(logits - logits.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         target = np.take_along_axis(p, y[:, None, :, None], -1)[..., 0]  # (B, K, T)
@@ -67,13 +68,13 @@ def test_without_dropout_equals_ordinary_evaluation():
 def test_leaves_the_model_untouched_and_accepts_a_stream_dataset():
     model = _model(**DROPOUT, temperature=0.9)
     model(STREAM[None, :T].repeat(B, 0))  # leaves some state behind
-    before = [np.asarray(w).copy() for w in model.weights]
+    before = [to_numpy(w).copy() for w in model.weights]
     data = StreamDataset(STREAM, B, T, drop_remainder=False)
     a = mc_dropout_evaluate(model, data, passes=2, seed=3)
     b = mc_dropout_evaluate(model, STREAM, passes=2, batch_size=B, sequence_length=T, seed=3)
     assert a == b
     for w, value in zip(model.weights, before):
-        np.testing.assert_array_equal(np.asarray(w), value)
+        np.testing.assert_array_equal(to_numpy(w), value)
     assert model.temperature == 0.9
     # Temperature scales the logits of every pass.
     hot = mc_dropout_evaluate(model, data, passes=2, seed=3, temperature=0.5)
@@ -106,7 +107,7 @@ def test_uses_logits_when_the_softmax_width_equals_the_vocabulary():
     total = count = 0.0
     for index in range(len(data)):
         x, y, w = data[index]
-        logits = np.asarray(replay(x, training=True), "float64")
+        logits = to_numpy(replay(x, training=True)).astype("float64")
         p = np.exp(logits - logits.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
         nll = -np.log(np.take_along_axis(p, y[:, None, :, None], -1)[..., 0].mean(1))

@@ -1,0 +1,107 @@
+"""JAX implementation of the backend seam (see `__init__.py`).
+
+The only module of keras_mogrifier that imports JAX. JAX compiles pure
+functions, so a function that calls a model is traced with the values of
+all of the model's variables as explicit inputs, inside a
+`keras.StatelessScope` (the mechanism of `Layer.stateless_call`): the model
+reads the traced values, its assignments (the carried recurrent state, seed
+generators) are collected and returned, and the host side writes them back
+into the variables after each call. Gradients come from `jax.value_and_grad`
+with respect to the values of the chosen variables. Everything runs under
+`jax.jit`: op-by-op JAX is far slower, so `jit_compile` is always on.
+"""
+
+import jax
+import keras
+
+from keras_mogrifier.backend._variables import model_state
+
+
+def default_jit_compile(model):
+    del model
+    return True
+
+
+def function(fn, jit_compile):
+    del jit_compile
+    return jax.jit(fn)
+
+
+def _stateful(model, traced):
+    """Runs `traced(scope_values, *args)` against the model's current values.
+
+    `traced(values, *args) -> (result, new_values)` is a jitted function of
+    the values of `model.variables`, with `None` in `new_values` for every
+    variable it left alone; afterwards the others are assigned their new
+    values.
+    """
+    variables = model_state(model)
+
+    def run(*args):
+        values = [v.value for v in variables]
+        result, new_values = traced(values, *args)
+        for variable, new in zip(variables, new_values):
+            if new is not None:
+                variable.assign(new)
+        return result
+
+    return run
+
+
+def _in_scope(variables, values, fn, args):
+    """`fn(*args)` with `variables` reading `values`.
+
+    Returns `(result, new_values)`, `new_values[i]` the value `fn` assigned to
+    `variables[i]`, or `None` where it assigned none.
+    """
+    with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+        result = fn(*args)
+    new_values = [scope.get_current_value(v) for v in variables]
+    return result, [
+        None if new is None or new is old else new
+        for old, new in zip(values, new_values)
+    ]
+
+
+def model_function(model, fn, jit_compile):
+    del jit_compile
+    variables = model_state(model)
+
+    @jax.jit
+    def traced(values, *args):
+        return _in_scope(variables, values, fn, args)
+
+    return _stateful(model, traced)
+
+
+def model_gradients(model, variables, fn, jit_compile):
+    del jit_compile
+    all_variables = model_state(model)
+    index = {id(v): i for i, v in enumerate(all_variables)}
+    missing = [v.path for v in variables if id(v) not in index]
+    if missing:
+        raise ValueError(
+            "Expected the variables to differentiate to belong to the model. "
+            f"Received variables outside it: {missing}"
+        )
+    positions = [index[id(v)] for v in variables]
+
+    def objective(chosen, values, args):
+        values = list(values)
+        for position, value in zip(positions, chosen):
+            values[position] = value
+        (value, aux), new_values = _in_scope(all_variables, values, fn, args)
+        return value, (aux, new_values)
+
+    @jax.jit
+    def traced(values, *args):
+        chosen = [values[p] for p in positions]
+        (_, (aux, new_values)), gradients = jax.value_and_grad(
+            objective, has_aux=True
+        )(chosen, values, args)
+        # The chosen variables keep their values (the caller updates them).
+        for p in positions:
+            new_values[p] = None
+        return (aux, gradients), new_values
+
+    return _stateful(model, traced)

@@ -1,0 +1,71 @@
+"""PyTorch implementation of the backend seam (see `__init__.py`).
+
+The only module of keras_mogrifier that imports PyTorch. Functions run
+eagerly (`jit_compile` is ignored: `torch.compile` of a recurrent model
+outside `fit` costs far more to compile than it saves on CPU), under
+`torch.no_grad()` unless gradients are asked for; gradients come from
+`torch.autograd.grad` with respect to the variables' parameters, which are
+made to require gradients for the duration of the call. The differentiated
+call runs in a `keras.StatelessScope`, so that the model's own assignments
+(a stateful RNN writing its carried state in place) wait until the backward
+pass is done, and are then written into the variables.
+"""
+
+import keras
+import torch
+
+from keras_mogrifier.backend._variables import model_state
+
+
+def default_jit_compile(model):
+    del model
+    return False
+
+
+def function(fn, jit_compile):
+    del jit_compile
+
+    def run(*args):
+        with torch.no_grad():
+            return fn(*args)
+
+    return run
+
+
+def model_function(model, fn, jit_compile):
+    del model
+    return function(fn, jit_compile)
+
+
+def model_gradients(model, variables, fn, jit_compile):
+    del jit_compile
+
+    def run(*args):
+        parameters = [v.value for v in variables]
+        flags = [p.requires_grad for p in parameters]
+        try:
+            for p in parameters:
+                p.requires_grad_(True)
+            with torch.enable_grad():
+                with keras.StatelessScope() as scope:
+                    objective, aux = fn(*args)
+                gradients = torch.autograd.grad(
+                    objective, parameters, allow_unused=True
+                )
+        finally:
+            for p, flag in zip(parameters, flags):
+                p.requires_grad_(flag)
+        with torch.no_grad():
+            for v in model_state(model):
+                value = scope.get_current_value(v)
+                if value is not None:
+                    v.assign(value.detach())
+        aux = torch.utils._pytree.tree_map(
+            lambda t: t.detach() if isinstance(t, torch.Tensor) else t, aux
+        )
+        return aux, [
+            torch.zeros_like(p) if g is None else g.detach()
+            for p, g in zip(parameters, gradients)
+        ]
+
+    return run
