@@ -36,8 +36,10 @@ def sequence_model(layer, input_shape, output_units=None):
     return keras.Model(inputs, outputs)
 
 
-def assert_fits(layer, x, y, jit_compile=True):
-    """One short `fit` with XLA: finite loss, weights move."""
+def assert_fits(layer, x, y, jit_compile=None):
+    """One short `fit` (XLA by default, see `JIT_COMPILE`): finite loss, weights move."""
+    if jit_compile is None:
+        jit_compile = JIT_COMPILE
     model = sequence_model(layer, x.shape[1:], y.shape[-1])
     model.compile(optimizer="adam", loss="mse", jit_compile=jit_compile)
     before = [w.copy() for w in model.get_weights()]
@@ -179,7 +181,15 @@ def value_and_gradients(fn, sources, model=None, has_aux=False):
             p.requires_grad_(True)
         # With a model, its own assignments wait until the backward pass is
         # done (Keras's stateful LSTM writes its state in place on PyTorch).
-        scope = keras.StatelessScope() if model is not None else None
+        # The scope maps every variable to its current value: an unmapped
+        # variable reads as None there (weight regularizers fail on it).
+        scope = (
+            keras.StatelessScope(
+                state_mapping=[(v, v.value) for v in _model_state(model)]
+            )
+            if model is not None
+            else None
+        )
         try:
             if scope is not None:
                 with scope:
@@ -236,6 +246,13 @@ def backend_specific(*backends, reason):
 
 
 # === Compiled calls (the analogue of `tf.function`) ===
+
+# `model.compile(jit_compile=JIT_COMPILE)` in tests of the compiled train
+# step: XLA on TensorFlow and JAX. On PyTorch `jit_compile=True` means
+# `torch.compile`, which takes 10 to 45 s per small recurrent model on CPU
+# (it unrolls the time loop), too slow for the unit tests; "auto" runs the
+# step eagerly there.
+JIT_COMPILE = "auto" if BACKEND == "torch" else True
 
 
 def jit(fn):
@@ -338,3 +355,41 @@ def value_and_grad_fn(fn, has_aux=False):
 
         return g
     raise NotImplementedError(BACKEND)
+
+
+# === A bad batch, for the divergence tests ===
+
+
+class Poison(keras.layers.Layer):
+    """Multiplies its output by `factor` in training (set by `PoisonCalls`)."""
+
+    def build(self, input_shape):
+        # A variable of the model, so that every backend's compiled train
+        # step reads its current value (JAX passes the model's state in).
+        self.factor = self.add_weight(
+            shape=(), initializer="ones", trainable=False, name="factor"
+        )
+
+    def call(self, x, training=False):
+        if not training:
+            return x
+        return x * keras.ops.cast(self.factor, x.dtype)
+
+
+class PoisonCalls(keras.callbacks.Callback):
+    """Sets the poison's factor to `value` before the given training calls.
+
+    The call counter lives in this callback, outside the model and the
+    optimizer, so restoring a checkpoint does not replay the poison: it
+    models a bad batch.
+    """
+
+    def __init__(self, layer, calls, value):
+        super().__init__()
+        self.layer, self.calls, self.value = layer, set(calls), value
+        self.count = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.count += 1
+        self.model  # on JAX, puts the training state back into the variables
+        self.layer.factor.assign(self.value if self.count in self.calls else 1.0)

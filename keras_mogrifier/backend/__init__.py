@@ -6,7 +6,7 @@ compiling a function that calls a model outside `fit` and taking gradients
 outside `fit`: TensorFlow traces it with `tf.function` and a
 `GradientTape`, JAX needs pure functions of the variables' values
 (`jax.jit`, `jax.value_and_grad`), PyTorch runs eagerly with autograd.
-Each backend module implements the same four functions:
+Each backend module implements the same five functions:
 
 - `default_jit_compile(model) -> bool`: what `jit_compile="auto"` means.
 - `function(fn, jit_compile)`: compiles `fn`, a pure function of (nested
@@ -19,6 +19,10 @@ Each backend module implements the same four functions:
   `(*tensors) -> (aux, gradients)`, the gradients of the scalar objective
   with respect to `variables` (dense, in their shapes, zeros where unused);
   variable assignments inside `fn` are kept, as above.
+- `sync_training_state(model)`: makes the model's variables hold the
+  current training state inside `fit` (JAX keeps it outside the variables
+  between steps), so that a callback can read or change them; the next
+  step then starts from the variables.
 
 `get_backend_module()` returns the module of the active backend; importing
 this package imports no backend library.

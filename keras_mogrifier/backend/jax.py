@@ -105,3 +105,16 @@ def model_gradients(model, variables, fn, jit_compile):
         return (aux, gradients), new_values
 
     return _stateful(model, traced)
+
+
+def sync_training_state(model):
+    """Puts `fit`'s current state back into the variables (a no-op outside it).
+
+    Between steps the JAX trainer keeps the weights, optimizer and metric
+    state as arrays of its own and may have detached them from the
+    variables; `jax_state_sync` writes them back and makes the next step
+    read the variables again, so changes a callback makes are kept.
+    """
+    sync = getattr(model, "jax_state_sync", None)
+    if sync is not None:
+        sync()

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 
 from keras_mogrifier import _validation
+from keras_mogrifier.backend import get_backend_module
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +185,7 @@ class DivergenceRecovery(keras.callbacks.Callback):
         return self.model.optimizer.variables
 
     def _save(self, info):
+        get_backend_module().sync_training_state(self.model)
         weights = _snapshot(self.model.weights)
         optimizer_values = _snapshot(self._optimizer_variables())
         if not _all_finite(weights) or not _no_nan(optimizer_values):
@@ -225,6 +227,7 @@ class DivergenceRecovery(keras.callbacks.Callback):
     # === Recovery ===
 
     def _recover(self, reason):
+        get_backend_module().sync_training_state(self.model)
         self._load()
         info = self._checkpoint_info
         if self.consecutive_recoveries >= self.max_consecutive_recoveries:

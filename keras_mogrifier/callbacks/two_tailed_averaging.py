@@ -4,6 +4,7 @@ import keras
 import numpy as np
 
 from keras_mogrifier import _validation
+from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.optimizers.two_tailed_averaging_optimizer import (
     TwoTailedAveragingOptimizer,
 )
@@ -158,7 +159,9 @@ class TwoTailedAveraging(keras.callbacks.Callback):
             self._model_variables(), self._optimizer.average_variables(which)
         ):
             if average is not None:
-                variable.assign(average)
+                # A copy: on JAX the model and the optimizer would otherwise
+                # share one buffer, which the next train step donates twice.
+                variable.assign(keras.ops.copy(average))
 
     def _load_values(self, values):
         for variable, value in zip(self._model_variables(), values):
@@ -294,6 +297,8 @@ class TwoTailedAveraging(keras.callbacks.Callback):
 
     def _sync(self):
         """Reads the step count once the optimizer is built."""
+        # On JAX, `fit` holds the training state outside the variables.
+        get_backend_module().sync_training_state(self.model)
         if self._last_index is None and self._optimizer.built:
             step = int(keras.ops.convert_to_numpy(self._optimizer.iterations))
             self._last_index = step // self.evaluation_frequency
@@ -303,6 +308,7 @@ class TwoTailedAveraging(keras.callbacks.Callback):
         self._sync()
 
     def on_train_batch_end(self, batch, logs=None):
+        get_backend_module().sync_training_state(self.model)
         if not self._sync():
             return
         step = int(keras.ops.convert_to_numpy(self._optimizer.iterations))

@@ -4,6 +4,7 @@ import numpy as np
 from keras import ops
 
 from keras_mogrifier import _validation
+from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.data.batching import StreamDataset
 
 DEFAULT_TEMPERATURES = tuple(round(1.06 - 0.02 * k, 2) for k in range(14))
@@ -65,19 +66,33 @@ def search_temperature(
     original = model.temperature
     totals = np.zeros(len(temperatures))
     count = 0.0
+    taus = ops.convert_to_tensor(np.asarray(temperatures, "float32"))
+
+    def window_losses(x, y, weight):
+        # Σ over tokens of the loss at every candidate τ, from one forward pass.
+        logits = model(x, training=False)
+        target = ops.take_along_axis(logits, ops.expand_dims(y, -1), axis=-1)
+        scaled = ops.expand_dims(logits, -2) * ops.reshape(taus, (-1, 1))
+        nll = ops.logsumexp(scaled, axis=-1) - target * taus
+        return ops.sum(nll * ops.expand_dims(weight, -1), axis=(0, 1))
+
+    backend = get_backend_module()
+    step = backend.model_function(
+        model, window_losses, backend.default_jit_compile(model)
+    )
     model.set_temperature(1.0)
     model.reset_states()
     try:
         for index in range(len(data)):
             x, y, weight = data[index]
-            logits = model(x, training=False)
-            target = ops.take_along_axis(
-                logits, ops.expand_dims(ops.cast(y, "int32"), -1), axis=-1
-            )[..., 0]
-            weight = ops.convert_to_tensor(weight, "float32")
-            for k, tau in enumerate(temperatures):
-                nll = ops.logsumexp(tau * logits, axis=-1) - tau * target
-                totals[k] += float(ops.sum(nll * weight))
+            weight = np.asarray(weight, "float32")
+            totals += ops.convert_to_numpy(
+                step(
+                    ops.convert_to_tensor(x, "int32"),
+                    ops.convert_to_tensor(y, "int32"),
+                    ops.convert_to_tensor(weight),
+                )
+            )
             count += float(np.sum(weight))
     finally:
         model.reset_states()

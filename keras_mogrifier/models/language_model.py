@@ -247,9 +247,6 @@ class LanguageModel(keras.Model):
         self.adaptation_streams = adaptation_streams
         self.adaptation_layer = adaptation_layer
         self.seed = seed
-        # Carries the target log-probabilities of a chunked training step
-        # from `compute_loss` to `compute_metrics` (not tracked by Keras).
-        self._log_prob_cache = _Cache()
 
         width = embedding_dim or units
         regularizer = keras.regularizers.L2(l2) if l2 > 0 else None
@@ -568,7 +565,11 @@ class LanguageModel(keras.Model):
             )
         self._check_features(y_pred)
         log_prob = self.target_log_probabilities(y_pred, y)
-        self._log_prob_cache.value = (y_pred, log_prob)
+        # The metrics need the same log-probabilities, which exist only here:
+        # they are updated now (`compute_metrics` then only reports). On JAX
+        # this is also the only place whose metric updates the trainer keeps
+        # from inside the differentiated step.
+        self._update_chunked_metrics(y, log_prob, sample_weight)
         objective = _LogMeanExpLoss(
             name=loss.name, reduction=loss.reduction, dtype=loss.dtype
         )
@@ -585,18 +586,32 @@ class LanguageModel(keras.Model):
         return total
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        log_prob = self._training_log_probabilities(y, y_pred)
-        if log_prob is None:
-            return super().compute_metrics(x, y, y_pred, sample_weight)
+        if self._is_chunked_features(y_pred):
+            # Updated by `compute_loss`, which had the target probabilities.
+            return self.get_metrics_result()
+        return super().compute_metrics(x, y, y_pred, sample_weight)
+
+    def _is_chunked_features(self, y_pred):
+        # Evaluation and `predict` return logits (vocabulary width), a chunked
+        # training step the softmax features (a different width, see build).
+        return (
+            self.softmax_chunk_size is not None
+            and self.built
+            and y_pred.shape[-1] == self.softmax_width
+        )
+
+    def _update_chunked_metrics(self, y, log_prob, sample_weight):
+        compiled = getattr(self, "_compile_metrics", None)
+        if compiled is None:
+            return
         # Two logits, "the target" and "anything else", carry the target's
         # probability exactly: log_softmax([lp, log(1 − e^lp)])[0] = lp.
         log_prob = ops.stop_gradient(log_prob)
         two_way = ops.stack([log_prob, _log1mexp(log_prob)], axis=-1)
         targets = ops.zeros_like(y)
-        compiled = getattr(self, "_compile_metrics", None)
-        if compiled is not None and not compiled.built:
+        if not compiled.built:
             compiled.build(targets, two_way)
-        for metric in getattr(compiled, "metrics", []):
+        for metric in compiled.metrics:
             if not isinstance(metric, TokenNLLMetric):
                 raise ValueError(
                     "Expected training metrics of the target's probability "
@@ -605,21 +620,7 @@ class LanguageModel(keras.Model):
                     f"Received: metric {metric.name!r} "
                     f"({type(metric).__name__})"
                 )
-        return super().compute_metrics(x, targets, two_way, sample_weight)
-
-    def _training_log_probabilities(self, y, y_pred):
-        # The features of a chunked training step, or None for logits.
-        cached = self._log_prob_cache.value
-        self._log_prob_cache.value = None
-        if cached is not None and cached[0] is y_pred:
-            return cached[1]
-        if (
-            self.softmax_chunk_size is None
-            or not self.built
-            or y_pred.shape[-1] != self.softmax_width
-        ):
-            return None
-        return self.target_log_probabilities(y_pred, y)
+        compiled.update_state(targets, two_way, sample_weight)
 
     def _check_features(self, y_pred):
         if y_pred.shape[-1] != self.softmax_width:
@@ -767,12 +768,6 @@ def _sum(tensors):
     for t in tensors[1:]:
         total = total + t
     return total
-
-
-class _Cache:
-    """A plain holder, invisible to Keras's attribute tracking."""
-
-    value = None
 
 
 def _log1mexp(x):

@@ -71,7 +71,7 @@ def compile_language_model(model, training):
         optimizer=build_optimizer(training),
         loss=IWAEDropoutLoss(),
         weighted_metrics=[Perplexity()],
-        jit_compile=training.get("jit_compile", True),
+        jit_compile=training.get("jit_compile", "auto"),
     )
     return model
 

@@ -58,7 +58,7 @@ PRESETS = {
             "beta_1": 0.0,
             "clipnorm": 10.0,
             "eval_batch_size": 32,
-            "jit_compile": True,
+            "jit_compile": "auto",
         },
     },
     "small": {
@@ -91,7 +91,7 @@ PRESETS = {
             "halve_after_epoch": 4,
             "global_clipnorm": 0.25,
             "eval_batch_size": 20,
-            "jit_compile": True,
+            "jit_compile": "auto",
         },
     },
     "paper": {
@@ -125,7 +125,7 @@ PRESETS = {
             "two_tailed_averaging": True,
             "divergence_recovery": True,
             "eval_batch_size": 64,
-            "jit_compile": True,
+            "jit_compile": "auto",
         },
     },
 }
@@ -145,7 +145,7 @@ TRAINING_DEFAULTS = {
     "divergence_recovery": False,
     "eval_batch_size": None,
     "max_tokens": None,
-    "jit_compile": True,
+    "jit_compile": "auto",
 }
 
 
