@@ -22,8 +22,7 @@ import argparse
 import csv
 import os
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _quiet  # noqa: E402,F401  (first: a quiet TensorFlow start)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

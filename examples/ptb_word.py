@@ -19,8 +19,7 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _quiet  # noqa: F401  (first: a quiet TensorFlow start)
 
 from keras_mogrifier.data import load_ptb  # noqa: E402
 from keras_mogrifier.models.language_model import CELLS  # noqa: E402

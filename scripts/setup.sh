@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs the package with the given extras.
-# Usage: bash scripts/setup.sh [extras]   e.g. bash scripts/setup.sh dev
+# Creates .venv (if missing) and installs the package with the given extras,
+# at the tested versions of scripts/constraints.txt.
+# Usage: bash scripts/setup.sh [extras]   e.g. bash scripts/setup.sh test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
@@ -11,4 +12,4 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
-.venv/bin/python -m pip install --quiet -e "$spec"
+.venv/bin/python -m pip install --quiet --constraint scripts/constraints.txt -e "$spec"
