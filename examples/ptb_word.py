@@ -53,6 +53,10 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
     parser.add_argument("--optimizer", choices=("sgd", "adam", "radam"))
     parser.add_argument("--max-tokens", type=int,
                         help="cap the training tokens per epoch (smoke runs)")
+    parser.add_argument("--data-parallel", action="store_true",
+                        help="train data-parallel over all visible devices "
+                             "(TensorFlow: MirroredStrategy; JAX: "
+                             "keras.distribution.DataParallel); see docs/scaling.md")
     parser.add_argument("--no-dynamic", action="store_true",
                         help="skip dynamic evaluation")
     parser.add_argument("--segment-length", type=int, default=5 if level == "word" else 20,
@@ -94,6 +98,7 @@ def overrides(args):
         "learning_rate": args.learning_rate,
         "optimizer": args.optimizer,
         "max_tokens": args.max_tokens,
+        "data_parallel": True if args.data_parallel else None,
     }
     drop_none = lambda d: {k: v for k, v in d.items() if v is not None}  # noqa: E731
     model = drop_none(model)

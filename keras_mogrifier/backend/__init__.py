@@ -6,7 +6,7 @@ compiling a function that calls a model outside `fit` and taking gradients
 outside `fit`: TensorFlow traces it with `tf.function` and a
 `GradientTape`, JAX needs pure functions of the variables' values
 (`jax.jit`, `jax.value_and_grad`), PyTorch runs eagerly with autograd.
-Each backend module implements the same five functions:
+Each backend module implements the same six functions:
 
 - `default_jit_compile(model) -> bool`: what `jit_compile="auto"` means.
 - `function(fn, jit_compile)`: compiles `fn`, a pure function of (nested
@@ -23,6 +23,10 @@ Each backend module implements the same five functions:
   current training state inside `fit` (JAX keeps it outside the variables
   between steps), so that a callback can read or change them; the next
   step then starts from the variables.
+- `data_parallel(devices=None)`: a context manager under which models are
+  built and trained data-parallel over `devices` (all visible devices by
+  default) with the engine Keras already has for the backend; it yields the
+  number of replicas.
 
 `get_backend_module()` returns the module of the active backend; importing
 this package imports no backend library.

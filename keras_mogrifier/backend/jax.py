@@ -11,6 +11,8 @@ with respect to the values of the chosen variables. Everything runs under
 `jax.jit`: op-by-op JAX is far slower, so `jit_compile` is always on.
 """
 
+import contextlib
+
 import jax
 import keras
 
@@ -118,3 +120,16 @@ def sync_training_state(model):
     sync = getattr(model, "jax_state_sync", None)
     if sync is not None:
         sync()
+
+
+@contextlib.contextmanager
+def data_parallel(devices=None):
+    """`keras.distribution.DataParallel` over `devices` (default: all).
+
+    The model is one SPMD program over the global batch: every variable is
+    replicated and each device computes its shard of the batch, so the
+    carried state keeps the layout of the global batch.
+    """
+    distribution = keras.distribution.DataParallel(devices=devices or jax.devices())
+    with distribution.scope():
+        yield len(distribution.device_mesh.devices.flatten())

@@ -6,6 +6,8 @@ assigns its variables inside the trace as it does in eager mode, and a
 `GradientTape` watching the chosen variables gives the gradients.
 """
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -56,3 +58,16 @@ def model_gradients(model, variables, fn, jit_compile):
 
 def sync_training_state(model):
     del model  # `fit` updates the variables themselves
+
+
+@contextlib.contextmanager
+def data_parallel(devices=None):
+    """`tf.distribute.MirroredStrategy` over `devices` (default: all visible).
+
+    Build, compile and fit the model inside. Each replica holds its own copy
+    of a non-trainable variable that the model assigns in replica context:
+    the carried recurrent state of the streams that replica trains.
+    """
+    strategy = tf.distribute.MirroredStrategy(devices)
+    with strategy.scope():
+        yield strategy.num_replicas_in_sync

@@ -73,3 +73,12 @@ def model_gradients(model, variables, fn, jit_compile):
 
 def sync_training_state(model):
     del model  # `fit` updates the variables themselves
+
+
+def data_parallel(devices=None):
+    raise ValueError(
+        "Expected KERAS_BACKEND=tensorflow (MirroredStrategy) or jax "
+        "(keras.distribution.DataParallel) for data-parallel training: Keras "
+        "offers no multi-device `fit` with the PyTorch backend. Received: "
+        f"backend 'torch', devices={devices!r}"
+    )

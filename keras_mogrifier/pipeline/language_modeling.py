@@ -7,6 +7,7 @@ dynamic evaluation (tuned on a slice of validation) on both. Each step is a
 function of its own so that scripts and tuners can use them separately.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import keras
 import numpy as np
 
 from keras_mogrifier import _validation
+from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.callbacks.divergence_recovery import DivergenceRecovery
 from keras_mogrifier.callbacks.two_tailed_averaging import TwoTailedAveraging
 from keras_mogrifier.data.batching import StreamDataset
@@ -250,40 +252,55 @@ def run_experiment(
     # Evaluation batches use the model's state rows: at most batch × samples.
     vocabulary_size = len(corpus.vocabulary)
     initial_epoch = 0
-    if resume:
-        if not checkpoint_dir:
+    data_parallel = bool(training.get("data_parallel", False))
+    scope = (
+        get_backend_module().data_parallel()
+        if data_parallel
+        else contextlib.nullcontext(1)
+    )
+    with scope as replicas:
+        if training["batch_size"] % replicas:
             raise ValueError(
-                "Expected `checkpoint_dir` with `resume=True`. "
-                "Received: checkpoint_dir=None"
+                f"Expected a batch size divisible by the {replicas} replicas "
+                "of data-parallel training (each trains the same number of "
+                f"streams). Received: batch_size={training['batch_size']}"
             )
-        model, initial_epoch = load_checkpoint(checkpoint_dir)
-        log(f"resumed from {checkpoint_dir} after epoch {initial_epoch}")
-    else:
-        model = build_language_model(
-            vocabulary_size, config["model"], training["batch_size"]
+        if data_parallel:
+            log(f"data-parallel training over {replicas} devices")
+        if resume:
+            if not checkpoint_dir:
+                raise ValueError(
+                    "Expected `checkpoint_dir` with `resume=True`. "
+                    "Received: checkpoint_dir=None"
+                )
+            model, initial_epoch = load_checkpoint(checkpoint_dir)
+            log(f"resumed from {checkpoint_dir} after epoch {initial_epoch}")
+        else:
+            model = build_language_model(
+                vocabulary_size, config["model"], training["batch_size"]
+            )
+            compile_language_model(model, training)
+        log(
+            f"model: {config['model'].get('cell')} "
+            f"{config['model'].get('num_layers')}×{config['model'].get('units')}, "
+            f"{model.count_params() - _state_size(model):,} parameters; "
+            f"corpus: {corpus.source}, {len(corpus.train):,} training tokens, "
+            f"vocabulary {vocabulary_size:,}"
         )
-        compile_language_model(model, training)
-    log(
-        f"model: {config['model'].get('cell')} "
-        f"{config['model'].get('num_layers')}×{config['model'].get('units')}, "
-        f"{model.count_params() - _state_size(model):,} parameters; "
-        f"corpus: {corpus.source}, {len(corpus.train):,} training tokens, "
-        f"vocabulary {vocabulary_size:,}"
-    )
-    train_data = stream_dataset(corpus.train, training)
-    valid_data = stream_dataset(
-        corpus.valid, training, training["eval_batch_size"], evaluation=True
-    )
-    start = time.time()
-    history = model.fit(
-        train_data,
-        validation_data=valid_data,
-        epochs=training["epochs"],
-        initial_epoch=initial_epoch,
-        shuffle=False,
-        callbacks=training_callbacks(training, checkpoint_dir, valid_data),
-        verbose=verbose,
-    )
+        train_data = stream_dataset(corpus.train, training)
+        valid_data = stream_dataset(
+            corpus.valid, training, training["eval_batch_size"], evaluation=True
+        )
+        start = time.time()
+        history = model.fit(
+            train_data,
+            validation_data=valid_data,
+            epochs=training["epochs"],
+            initial_epoch=initial_epoch,
+            shuffle=False,
+            callbacks=training_callbacks(training, checkpoint_dir, valid_data),
+            verbose=verbose,
+        )
     train_seconds = time.time() - start
     val_curve = [float(p) for p in history.history.get("val_perplexity", [])]
     for epoch, ppl in enumerate(val_curve, start=initial_epoch + 1):

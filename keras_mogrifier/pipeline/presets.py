@@ -146,6 +146,7 @@ TRAINING_DEFAULTS = {
     "eval_batch_size": None,
     "max_tokens": None,
     "jit_compile": "auto",
+    "data_parallel": False,
 }
 
 
