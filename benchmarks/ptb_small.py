@@ -39,6 +39,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=13)
     parser.add_argument("--max-tokens", type=int, help="cap tokens per epoch")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--save-dir", help="save each trained model here as CELL.keras")
     args = parser.parse_args()
     corpus = load_corpus(args.data_dir)
     rows = []
@@ -52,6 +53,9 @@ def main():
             dynamic=False,
             verbose=2,
         )
+        if args.save_dir:
+            os.makedirs(args.save_dir, exist_ok=True)
+            results["model_object"].save(os.path.join(args.save_dir, f"{name}.keras"))
         rows.append(
             {
                 "cell": name,

