@@ -8,6 +8,7 @@ from keras_mogrifier import data
 from keras_mogrifier import pipeline
 from keras_mogrifier.callbacks import DivergenceRecovery
 from keras_mogrifier.callbacks import TwoTailedAveraging
+from keras_mogrifier.evaluation import DivergenceError
 from keras_mogrifier.evaluation import DynamicEvaluator
 from keras_mogrifier.evaluation import mc_dropout_evaluate
 from keras_mogrifier.evaluation import search_dynamic_evaluation

@@ -28,7 +28,10 @@ import keras  # noqa: E402
 
 import keras_mogrifier  # noqa: E402,F401  (registers the classes for loading)
 from keras_mogrifier.data import load_ptb  # noqa: E402
+from keras_mogrifier.tuning import SearchFailedError  # noqa: E402
 from keras_mogrifier.tuning import best_configuration  # noqa: E402
+from keras_mogrifier.tuning import search_summary  # noqa: E402
+from keras_mogrifier.tuning.dynamic_evaluation_tuner import ADVICE  # noqa: E402
 from keras_mogrifier.tuning import run_dynamic_evaluation_search  # noqa: E402
 from keras_mogrifier.tuning import trials_table  # noqa: E402
 from keras_mogrifier.tuning.searches import load_or_train_model  # noqa: E402
@@ -56,8 +59,10 @@ def parse_args(argv=None):
                         help="fix the segment length instead of searching 1..--max-segment-length")
     parser.add_argument("--max-segment-length", type=int, default=20,
                         help="top of the segment-length range (Table 6: 20 word, 50 char)")
-    parser.add_argument("--loss-reduction", choices=("sum", "mean"), default="sum",
-                        help="convention of the searched learning rate (sum: the paper's)")
+    parser.add_argument("--loss-reduction", choices=("mean", "sum"), default="mean",
+                        help="units of the searched values: mean (the library's) or "
+                             "sum (the Mogrifier paper's Table 6: epsilon is divided "
+                             "by the segment length)")
     parser.add_argument("--epochs", type=int, default=1,
                         help="epochs of the small model trained without --model")
     parser.add_argument("--train-tokens", type=int,
@@ -90,26 +95,31 @@ def main(argv=None):
         fixed["segment_length"] = args.segment_length
     else:
         ranges["segment_length"] = (1, args.max_segment_length)
-    tuner, results = run_dynamic_evaluation_search(
-        model,
-        corpus,
-        tuner=args.tuner,
-        max_trials=args.max_trials,
-        max_tokens=args.max_tokens,
-        test_tokens=args.test_tokens,
-        statistics_tokens=args.statistics_tokens,
-        statistics_batch_size=args.statistics_batch_size,
-        ranges=ranges,
-        fixed=fixed,
-        loss_reduction=args.loss_reduction,
-        directory=args.directory,
-        project_name=args.project_name,
-        overwrite=args.overwrite,
-        seed=args.seed,
-        verbose=args.verbose,
-    )
+    try:
+        tuner, results = run_dynamic_evaluation_search(
+            model,
+            corpus,
+            tuner=args.tuner,
+            max_trials=args.max_trials,
+            max_tokens=args.max_tokens,
+            test_tokens=args.test_tokens,
+            statistics_tokens=args.statistics_tokens,
+            statistics_batch_size=args.statistics_batch_size,
+            ranges=ranges,
+            fixed=fixed,
+            loss_reduction=args.loss_reduction,
+            directory=args.directory,
+            project_name=args.project_name,
+            overwrite=args.overwrite,
+            seed=args.seed,
+            verbose=args.verbose,
+        )
+    except SearchFailedError as error:
+        print(f"\nsearch failed: {error.summary}")
+        raise SystemExit(1) from None
     print("\ntrials:")
     print(trials_table(tuner))
+    print(search_summary(tuner, ADVICE))
     best = best_configuration(tuner)
     print(f"\nbest: trial {best['trial_id']}, val_dynamic_loss {best['score']:.4f}")
     print("searched values:", json.dumps(best["values"]))

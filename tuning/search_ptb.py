@@ -24,7 +24,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from keras_mogrifier.data import load_ptb  # noqa: E402
+from keras_mogrifier.tuning import SearchFailedError  # noqa: E402
 from keras_mogrifier.tuning import best_configuration  # noqa: E402
+from keras_mogrifier.tuning import search_summary  # noqa: E402
+from keras_mogrifier.tuning.searches import LANGUAGE_MODEL_ADVICE  # noqa: E402
 from keras_mogrifier.tuning import run_language_model_search  # noqa: E402
 from keras_mogrifier.tuning import trials_table  # noqa: E402
 from keras_mogrifier.tuning.tuners import TUNERS  # noqa: E402
@@ -88,25 +91,30 @@ def main(argv=None):
     ranges = {"dual_units": dual_units}
     if args.cells:
         ranges["cell"] = args.cells
-    tuner = run_language_model_search(
-        corpus,
-        tuner=args.tuner,
-        max_trials=args.max_trials,
-        epochs=args.epochs,
-        max_tokens=args.max_tokens,
-        max_validation_tokens=args.max_validation_tokens,
-        batch_size=args.batch_size,
-        sequence_length=args.bptt,
-        fixed=fixed,
-        ranges=ranges,
-        directory=args.directory,
-        project_name=args.project_name,
-        overwrite=args.overwrite,
-        seed=args.seed,
-        verbose=args.verbose,
-    )
+    try:
+        tuner = run_language_model_search(
+            corpus,
+            tuner=args.tuner,
+            max_trials=args.max_trials,
+            epochs=args.epochs,
+            max_tokens=args.max_tokens,
+            max_validation_tokens=args.max_validation_tokens,
+            batch_size=args.batch_size,
+            sequence_length=args.bptt,
+            fixed=fixed,
+            ranges=ranges,
+            directory=args.directory,
+            project_name=args.project_name,
+            overwrite=args.overwrite,
+            seed=args.seed,
+            verbose=args.verbose,
+        )
+    except SearchFailedError as error:
+        print(f"\nsearch failed: {error.summary}")
+        raise SystemExit(1) from None
     print("\ntrials:")
     print(trials_table(tuner))
+    print(search_summary(tuner, LANGUAGE_MODEL_ADVICE))
     best = best_configuration(tuner)
     print(f"\nbest: trial {best['trial_id']}, val_perplexity {best['score']:.2f}")
     print(json.dumps(best["configuration"], indent=2, default=str))

@@ -6,6 +6,7 @@ import math
 from keras.utils import Progbar
 
 from keras_mogrifier import _validation
+from keras_mogrifier.evaluation.divergence_error import DivergenceError
 
 STRATEGIES = ("grid", "sequential")
 
@@ -25,8 +26,9 @@ def search_dynamic_evaluation(
     Each setting is one dynamic evaluation of `x` (typically a slice of the
     validation stream) with the evaluator's gradient statistics, which must
     have been collected before. The best setting is the one with the lowest
-    loss (a diverged pass, with a non-finite loss, never wins; ties keep the
-    first). The evaluator's own `learning_rate` and `decay_rate` are left as
+    loss (a diverged pass, which stops at its first non-finite segment, never
+    wins; ties keep the first; when every pass diverges a `DivergenceError`
+    lists them). The evaluator's own `learning_rate` and `decay_rate` are left as
     they were; set them from the result.
 
     - `settings`: an explicit list of `(learning_rate, decay_rate)` pairs.
@@ -53,7 +55,8 @@ def search_dynamic_evaluation(
         A dict with the best `learning_rate`, `decay_rate`, `loss` and
         `perplexity`, and `results`: one dict per pass, in order, with
         `learning_rate`, `decay_rate`, `loss`, `perplexity`,
-        `bits_per_token` and `num_tokens`.
+        `bits_per_token` and `num_tokens` (a diverged pass: infinite loss, 0
+        tokens, and its `DivergenceError` as `diverged`).
 
     Example:
 
@@ -119,13 +122,41 @@ def search_dynamic_evaluation(
         for learning_rate, decay_rate in pairs:
             evaluator.learning_rate = learning_rate
             evaluator.decay_rate = decay_rate
-            logs = evaluator.evaluate(x, batch_size=batch_size, verbose=0)
+            try:
+                logs = evaluator.evaluate(x, batch_size=batch_size, verbose=0)
+            except DivergenceError as error:
+                # Stopped at the first non-finite segment: never the best.
+                logs = {
+                    "loss": math.inf, "perplexity": math.inf,
+                    "bits_per_token": math.inf, "num_tokens": 0,
+                    "diverged": error,
+                }
             results.append(
                 {"learning_rate": learning_rate, "decay_rate": decay_rate, **logs}
             )
             if bar is not None:
                 bar.add(1, [("perplexity", logs["perplexity"])])
-        return _best(results)
+        best = _best(results)
+        if not math.isfinite(best["loss"]):
+            last = results[-1].get("diverged")
+            tried = "; ".join(
+                f"learning_rate={r['learning_rate']:g}, decay_rate="
+                f"{r['decay_rate']:g}"
+                + (f" (token {r['diverged'].token})" if r.get("diverged") else "")
+                for r in results
+            )
+            raise DivergenceError(
+                f"Every dynamic-evaluation setting tried diverged ({len(results)} "
+                f"of {len(results)}, epsilon={evaluator.epsilon:g}, "
+                f"segment_length={evaluator.segment_length}): {tried}. Try "
+                "smaller learning rates or a larger epsilon.",
+                **({} if last is None else {
+                    k: getattr(last, k) for k in (
+                        "stream", "token", "segment", "loss", "settings",
+                        "tokens_scored")
+                }),
+            )
+        return best
 
     try:
         if settings is not None:

@@ -11,6 +11,7 @@ from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation import update_rules
+from keras_mogrifier.evaluation.divergence_error import DivergenceError
 
 ADAPTATION_KERNEL_NAME = "adaptation_kernel"
 NORMALIZERS = ("tensor_mean", "global_mean")
@@ -438,6 +439,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         verbose="auto",
         adapt=True,
         return_token_losses=False,
+        stop_on_divergence=True,
     ):
         """Scores `x` with dynamic evaluation and returns the metrics.
 
@@ -462,6 +464,11 @@ class DynamicEvaluator(keras.callbacks.Callback):
             return_token_losses: bool. Also return `token_losses`, a float32
                 array `(streams, time - 1)` of the loss of every predicted
                 token. Defaults to `False`.
+            stop_on_divergence: bool. Stop at the first segment whose loss is
+                not finite and raise `DivergenceError` (naming the stream,
+                the token and the settings) instead of scoring the rest of
+                the stream for nothing. The weights and state are restored
+                either way. Defaults to `True`.
 
         Returns:
             A dict with `loss` (the token-weighted mean cross-entropy in nats),
@@ -470,6 +477,11 @@ class DynamicEvaluator(keras.callbacks.Callback):
         """
         if not isinstance(adapt, bool):
             raise ValueError(f"Expected `adapt` to be a bool. Received: adapt={adapt!r}")
+        if not isinstance(stop_on_divergence, bool):
+            raise ValueError(
+                "Expected `stop_on_divergence` to be a bool. Received: "
+                f"stop_on_divergence={stop_on_divergence!r}"
+            )
         _check_verbose(verbose)
         verbose = 1 if verbose == "auto" else verbose
         callbacks = _check_callbacks(callbacks)
@@ -576,6 +588,11 @@ class DynamicEvaluator(keras.callbacks.Callback):
                     else:
                         token_losses = forward_step(x, y)
                     segment_losses = _numpy(token_losses) * w
+                    if stop_on_divergence and not np.all(np.isfinite(segment_losses)):
+                        raise self._divergence(
+                            segment_losses, group, batch_size, s, n,
+                            tokens_done + group_tokens * s * n,
+                        )
                     losses.append(segment_losses)
                     if report:
                         loss_sum += float(np.sum(segment_losses, dtype="float64"))
@@ -703,20 +720,53 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self._check_batch(model, x.shape[0], "the batch size of `data`")
         return x, y, w
 
+    def _divergence(self, segment_losses, group, batch_size, segment, n, scored):
+        row, column = np.argwhere(~np.isfinite(segment_losses))[0]
+        settings = {
+            "learning_rate": self.learning_rate,
+            "decay_rate": self.decay_rate,
+            "epsilon": self.epsilon,
+            "segment_length": self.segment_length,
+            "normalizer": self.normalizer,
+        }
+        return DivergenceError.at(
+            stream=int(group * batch_size + row),
+            token=int(segment * n + column + 1),
+            segment=int(segment),
+            loss=float(segment_losses[row, column]),
+            settings=settings,
+            tokens_scored=int(scored),
+        )
+
     def _update_terms(self):
-        """`RMS = sqrt(MS_g)` per variable and the float32 vector `[η, ε, λ, mean(RMS)]`."""
-        rms = [ops.sqrt(ms) for ms in self._statistics[1]]
+        """The RMS each variable is updated with, and `[η, ε, λ, mean(RMS)]`.
+
+        `mean(RMS)`, the normaliser of the decay, is taken over the gathered
+        statistics as they are. An element whose statistics are zero — it
+        had no gradient in any statistics batch, such as the embedding row of
+        a word absent from that data — would otherwise get an unbounded step
+        `η · g / ε` and no decay at all: it takes the mean RMS of the
+        elements of its tensor that have statistics instead (the normaliser
+        itself when no element of the tensor has any), for both the step and
+        the decay. Every other element keeps its own RMS, so where statistics
+        exist the rule is exactly SPEC §5.
+        """
+        raw = [np.sqrt(np.asarray(ops.convert_to_numpy(ms), "float64")) for ms in self._statistics[1]]
         if self.normalizer == "tensor_mean":
-            mean_rms = float(np.mean([float(ops.mean(r)) for r in rms]))
+            mean_rms = float(np.mean([r.mean() for r in raw]))
         else:
-            total = sum(float(ops.sum(ops.cast(r, "float64"))) for r in rms)
-            mean_rms = total / sum(int(np.prod(r.shape)) for r in rms)
+            mean_rms = float(sum(r.sum() for r in raw) / sum(r.size for r in raw))
         if not mean_rms > 0:
             raise ValueError(
                 "Expected gradient statistics with a non-zero mean RMS. "
                 "Received all-zero statistics (do the adapted variables "
                 "affect the loss?)"
             )
+        rms = []
+        for r in raw:
+            seen = r > 0
+            fill = r[seen].mean() if seen.any() else mean_rms
+            rms.append(ops.convert_to_tensor(np.where(seen, r, fill).astype("float32")))
         hyperparameters = ops.convert_to_tensor(
             [self.learning_rate, self.epsilon, self.decay_rate, mean_rms], "float32"
         )

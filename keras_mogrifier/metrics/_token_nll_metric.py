@@ -53,8 +53,8 @@ class TokenNLLMetric(keras.metrics.Metric):
         self.total_tokens.assign_add(ops.sum(weights))
 
     def reset_state(self):
-        self.total_nats.assign(ops.zeros_like(self.total_nats))
-        self.total_tokens.assign(ops.zeros_like(self.total_tokens))
+        self.total_nats.assign(ops.zeros((), self.total_nats.dtype))
+        self.total_tokens.assign(ops.zeros((), self.total_tokens.dtype))
 
     def mean_nats(self):
         """The token-weighted mean negative log-likelihood (nats)."""

@@ -550,11 +550,24 @@ class LanguageModel(keras.Model):
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
+        loss = self.loss
+        if (
+            isinstance(loss, IWAEDropoutLoss)
+            and loss.samples not in (None, 1)
+            and y_pred is not None
+            and len(y_pred.shape) == 3
+        ):
+            # Evaluation (and Keras's symbolic build) computes one sample:
+            # with dropout off the D copies would be identical, and the
+            # loss of one sample is the ordinary cross-entropy.
+            one_sample = IWAEDropoutLoss(
+                name=loss.name, reduction=loss.reduction, dtype=loss.dtype
+            )
+            return self._add_regularization(one_sample(y, y_pred, sample_weight=sample_weight))
         if not (training and self.softmax_chunk_size is not None):
             return super().compute_loss(
                 x, y, y_pred, sample_weight, training=training
             )
-        loss = self.loss
         if not isinstance(loss, IWAEDropoutLoss):
             raise ValueError(
                 "Expected `compile(loss=IWAEDropoutLoss())` for a "
@@ -585,7 +598,13 @@ class LanguageModel(keras.Model):
             while len(sample_weight.shape) < len(ids.shape):
                 sample_weight = ops.expand_dims(sample_weight, -1)
             sample_weight = ops.broadcast_to(sample_weight, ops.shape(ids))
-        total = objective(y, log_prob, sample_weight=sample_weight)
+        return self._add_regularization(
+            objective(y, log_prob, sample_weight=sample_weight)
+        )
+
+    def _add_regularization(self, total):
+        # What `Model.compute_loss` adds to the compiled loss: the layers'
+        # losses (the L2 penalties).
         for extra in self.losses:
             total = total + ops.sum(ops.cast(extra, total.dtype))
         return total
@@ -634,6 +653,62 @@ class LanguageModel(keras.Model):
                 f"last axis {self.softmax_width}, as `y_pred`. Received: "
                 f"y_pred.shape={tuple(y_pred.shape)}"
             )
+
+    def compile(self, optimizer="rmsprop", loss=None, metrics=None, weighted_metrics=None, **kwargs):
+        # A model loaded from `.keras` compiles from its serialized config.
+        if isinstance(loss, dict):
+            loss = keras.losses.deserialize(loss)
+        if (
+            isinstance(loss, IWAEDropoutLoss)
+            and loss.samples is not None
+            and loss.samples != self.samples
+        ):
+            raise ValueError(
+                f"Expected `y_pred` to have {loss.samples} samples on axis 1 "
+                f"(IWAEDropoutLoss(samples={loss.samples})), but the model "
+                f"trains {self.samples} dropout sample(s) per sequence: use "
+                f"IWAEDropoutLoss() or IWAEDropoutLoss(samples={self.samples}). "
+                f"Received: a model with samples={self.samples}"
+            )
+        if self.softmax_chunk_size is not None:
+            self._check_chunked_compile(loss, metrics, weighted_metrics)
+        super().compile(
+            optimizer=optimizer, loss=loss, metrics=metrics,
+            weighted_metrics=weighted_metrics, **kwargs,
+        )
+
+    def compile_from_config(self, config):
+        # As Keras's (which skips a subclass that overrides `compile`): the
+        # checks above then run on a model loaded from `.keras` too.
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if getattr(self, "optimizer", None) is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    def _check_chunked_compile(self, loss, metrics, weighted_metrics):
+        """What a chunked training step can compute, checked before any step.
+
+        Its logits are never formed: the loss must be `IWAEDropoutLoss`,
+        which the chunks compute, and the metrics must need only the
+        target's probability.
+        """
+        if loss is not None and not isinstance(loss, IWAEDropoutLoss):
+            raise ValueError(
+                "Expected `compile(loss=IWAEDropoutLoss())` for a "
+                "LanguageModel with `softmax_chunk_size` set (the chunked "
+                f"softmax computes that objective). Received: loss={loss!r}"
+            )
+        for group in (metrics, weighted_metrics):
+            for metric in keras.tree.flatten(group or []):
+                if isinstance(metric, dict):
+                    metric = keras.metrics.deserialize(metric)
+                if not isinstance(metric, TokenNLLMetric):
+                    raise ValueError(
+                        "Expected training metrics of the target's "
+                        "probability (`Perplexity()`, `BitsPerCharacter()` "
+                        "objects) with `softmax_chunk_size` set: the logits "
+                        f"are never formed. Received: metric {metric!r}"
+                    )
 
     # === Recurrent state ===
 
@@ -759,7 +834,8 @@ class LanguageModel(keras.Model):
                 if key.startswith("state_") or key not in source:
                     continue
                 if tuple(source[key].shape) == tuple(variable.shape):
-                    variable.assign(source[key])
+                    # A copy: on JAX, two variables must not share a buffer.
+                    variable.assign(ops.copy(source[key]))
         return clone
 
 

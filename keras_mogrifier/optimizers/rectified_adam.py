@@ -215,7 +215,7 @@ class RectifiedAdam(keras.optimizers.Optimizer):
         if hasattr(gradient, "indices"):
             # Sparse slices (TensorFlow's embedding gradients) may repeat a
             # row; densify so that repeated rows are summed before squaring.
-            gradient = ops.add(ops.zeros_like(variable), gradient)
+            gradient = ops.add(ops.zeros(variable.shape, dtype), gradient)
         if (
             not self.decoupled_weight_decay
             and self.weight_decay

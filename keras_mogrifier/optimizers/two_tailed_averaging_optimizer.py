@@ -175,20 +175,22 @@ class TwoTailedAveragingOptimizer(keras.optimizers.Optimizer):
 
     def switch(self):
         """`θL ← θS`, `L ← S`, then the short average restarts (`S ← 0`)."""
+        # Copies: on JAX, assigning a variable shares its (immutable) buffer,
+        # and a train step that donates both variables' buffers then fails.
         for short, long in zip(self._short_averages, self._long_averages):
             if short is not None:
-                long.assign(short)
-        self.long_count.assign(self.short_count)
-        self.short_count.assign(ops.zeros_like(self.short_count))
+                long.assign(ops.copy(short))
+        self.long_count.assign(ops.copy(self.short_count))
+        self.short_count.assign(ops.zeros((), self.short_count.dtype))
 
     def restart_short(self):
         """`S ← 0`: the next iterate starts a new short average."""
-        self.short_count.assign(ops.zeros_like(self.short_count))
+        self.short_count.assign(ops.zeros((), self.short_count.dtype))
 
     def restart(self):
         """`S ← 0` and `L ← 0`: both averages start again."""
         self.restart_short()
-        self.long_count.assign(ops.zeros_like(self.long_count))
+        self.long_count.assign(ops.zeros((), self.long_count.dtype))
 
     def finalize_variable_values(self, var_list):
         # Which weights end up in the model is the callback's decision.

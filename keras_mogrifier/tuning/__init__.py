@@ -17,10 +17,12 @@ from keras_mogrifier.tuning.language_model_hyper_model import LanguageModelHyper
 from keras_mogrifier.tuning.search_space import DYNAMIC_EVALUATION_SEARCH_SPACE
 from keras_mogrifier.tuning.search_space import LANGUAGE_MODEL_SEARCH_SPACE
 from keras_mogrifier.tuning.search_space import search_space_table
+from keras_mogrifier.tuning.search_failed_error import SearchFailedError
 from keras_mogrifier.tuning.searches import run_dynamic_evaluation_search
 from keras_mogrifier.tuning.searches import run_language_model_search
 from keras_mogrifier.tuning.tuners import best_configuration
 from keras_mogrifier.tuning.tuners import build_tuner
+from keras_mogrifier.tuning.tuners import search_summary
 from keras_mogrifier.tuning.tuners import trial_rows
 from keras_mogrifier.tuning.tuners import trials_table
 
@@ -31,11 +33,13 @@ __all__ = [
     "LANGUAGE_MODEL_OBJECTIVE",
     "LANGUAGE_MODEL_SEARCH_SPACE",
     "LanguageModelHyperModel",
+    "SearchFailedError",
     "best_configuration",
     "build_tuner",
     "run_dynamic_evaluation_search",
     "run_language_model_search",
     "search_space_table",
+    "search_summary",
     "trial_rows",
     "trials_table",
 ]

@@ -10,15 +10,23 @@ import keras_tuner
 import numpy as np
 
 from keras_mogrifier import _validation
+from keras_mogrifier.evaluation.divergence_error import DivergenceError
 from keras_mogrifier.evaluation.dynamic_evaluator import NORMALIZERS
 from keras_mogrifier.evaluation.dynamic_evaluator import DynamicEvaluator
 from keras_mogrifier.tuning import search_space
 from keras_mogrifier.tuning.tuners import MAX_CONSECUTIVE_FAILED_TRIALS
+from keras_mogrifier.tuning.tuners import run_search
 
 DYNAMIC_EVALUATION_OBJECTIVE = keras_tuner.Objective("val_dynamic_loss", "min")
 LOSS_REDUCTIONS = ("sum", "mean")
 ORACLES = ("random", "bayesian")
 _METRICS = ("val_dynamic_loss", "val_dynamic_perplexity")
+ADVICE = (
+    "What to try: smaller learning rates or larger epsilons (`ranges=`), "
+    "gradient statistics from more training tokens (`statistics_tokens`), or "
+    "a setting that is known to work, such as Krause et al.'s learning_rate="
+    "5e-5, decay_rate=2e-3, epsilon=2e-5, segment_length=5 (`fixed=`)."
+)
 _NO_MODELS = (
     "A dynamic-evaluation trial has no model of its own (the trained model "
     "is never changed): apply a setting with `evaluate(x)`."
@@ -53,11 +61,16 @@ class _DynamicEvaluationSpace(keras_tuner.HyperModel):
             name: values.get(name, spec["default"])
             for name, spec in search_space.DYNAMIC_EVALUATION_SEARCH_SPACE.items()
         }
-        settings["segment_length"] = int(settings["segment_length"])
-        scale = settings["segment_length"] if self.loss_reduction == "sum" else 1
-        settings["learning_rate"] = float(settings["learning_rate"]) * scale
+        n = settings["segment_length"] = int(settings["segment_length"])
+        settings["learning_rate"] = float(settings["learning_rate"])
         settings["decay_rate"] = float(settings["decay_rate"])
         settings["epsilon"] = float(settings["epsilon"])
+        if self.loss_reduction == "sum":
+            # lamb's gradient and RMS are of the loss summed over the n steps
+            # of a segment, n × ours: η/(RMS_sum + ε) = (η/n)/(RMS + ε/n) and
+            # g_sum = n·g, so its η is ours and its ε is n × ours
+            # (lamb/dyneval.py `Dyneval._make_update`; SPEC §5).
+            settings["epsilon"] /= n
         return settings
 
 
@@ -87,19 +100,24 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
     (whose normalised targets one loss of 1e15 would flatten), and the search
     goes on.
 
-    The default space is `DYNAMIC_EVALUATION_SEARCH_SPACE`, the ranges of the
-    Mogrifier paper's Table 6: segment length 1–20 (word level; pass
-    `ranges={"segment_length": (1, 50)}` for characters), η 1e-6–1e-3,
-    λ 1e-6–1e-2, ε 1e-8–1e-2 (log). Those were tuned with the authors' code,
-    which adapts on the loss *summed* over a segment and normalises the decay
-    by the mean RMS over all elements; `DynamicEvaluator` adapts on the
-    per-token *mean* loss of a segment (SPEC §5), whose gradient is n times
-    smaller. So with `loss_reduction="sum"` (the default) the searched
-    `learning_rate` is read in the paper's convention and the evaluator gets
-    `η × segment_length`; with `"mean"` it is used as is (Krause et al.'s
-    convention, e.g. 5e-5 at n = 5). `normalizer="global_mean"` (the default)
-    matches the paper's decay convention. `tuner.hypermodel.configuration(hp)`
-    (and `evaluator_settings`) give the evaluator's values of a trial.
+    The default space is `DYNAMIC_EVALUATION_SEARCH_SPACE`, in the library's
+    units (the rule of `DynamicEvaluator` on the per-token mean loss of a
+    segment): the box of the Mogrifier paper's Table 6 converted — segment
+    length 1–20 (word level; pass `ranges={"segment_length": (1, 50)}` for
+    characters), η 1e-6–1e-3, λ 1e-6–1e-2 (both as printed) and ε
+    5e-10–1e-2 (the printed 1e-8–1e-2 divided by n = 1–20). The paper's
+    values were tuned with the authors' code, which adapts on the loss
+    *summed* over a segment and gathers its RMS from the gradients of that
+    same summed loss: both are n times ours, so η and λ carry over and ε
+    becomes ε/n. With `loss_reduction="sum"` the space is read in the
+    paper's units instead (ranges such as Table 6's as printed) and each
+    trial's ε is divided by its segment length. `normalizer="global_mean"`
+    (the default) matches the paper's decay convention.
+    `tuner.hypermodel.configuration(hp)` (and `evaluator_settings`) give the
+    evaluator's values of a trial.
+
+    Every trial stops at its first non-finite segment (the evaluator's
+    `DivergenceError`) and is recorded as failed, with where and why.
 
     `evaluate(x)` applies the best setting found (or any other) to another
     stream — the test split — in one call; `evaluate_static(x)` scores it
@@ -122,8 +140,9 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
             `fixed` value). Defaults to `None`.
         fixed: dict or None. Values held fixed, e.g. `{"segment_length": 5}`;
             `learning_rate` and `decay_rate` may be 0. Defaults to `None`.
-        loss_reduction: `"sum"` or `"mean"`: the convention of the searched
-            `learning_rate` (see above). Defaults to `"sum"`.
+        loss_reduction: `"mean"` (the library's units) or `"sum"` (the
+            Mogrifier paper's: ε is divided by the segment length, see
+            above): the units of the searched values. Defaults to `"mean"`.
         normalizer: `"global_mean"` or `"tensor_mean"`, as in
             `DynamicEvaluator`. Defaults to `"global_mean"`.
         statistics_batch_size: int. Streams per batch of the statistics pass.
@@ -177,7 +196,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         max_trials=10,
         ranges=None,
         fixed=None,
-        loss_reduction="sum",
+        loss_reduction="mean",
         normalizer="global_mean",
         statistics_batch_size=100,
         statistics_tokens=None,
@@ -386,6 +405,11 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
 
         Args:
             x: 1-D int array. The tuning stream (a slice of validation data).
+
+        Raises:
+            SearchFailedError: when no trial completed (every setting
+                diverged, say); its message counts the trials, says why each
+                failed and what to try.
             max_tokens: int or None. Use only the first `max_tokens`
                 predicted tokens of `x`. Defaults to `None` (all).
             **kwargs: `verbose` (0 silences KerasTuner's progress).
@@ -394,12 +418,14 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         max_tokens = _validation.optional_positive_int("max_tokens", max_tokens)
         if max_tokens is not None:
             x = x[: max_tokens + 1]
-        return super().search(x, **kwargs)
+        run_search(self, lambda: super(DynamicEvaluationTuner, self).search(x, **kwargs), ADVICE)
 
     def run_trial(self, trial, x, **kwargs):
         settings = self.hypermodel.configuration(trial.hyperparameters)
         try:
             results = self._configure(settings).evaluate(x, verbose=0)
+        except DivergenceError as error:
+            raise keras_tuner.errors.FailedTrialError(str(error)) from error
         except ValueError as error:
             # A problem of the model, data or settings, not of this trial:
             # stop the search instead of failing every trial.

@@ -123,8 +123,20 @@ LANGUAGE_MODEL_SEARCH_SPACE = {
     },
 }
 
-# The Mogrifier paper's ranges are for the authors' code, which adapts on the
-# loss *summed* over a segment; `DynamicEvaluationTuner` converts (SPEC §5).
+# The default space of `DynamicEvaluationTuner`, in the library's units: the
+# rule of SPEC §5 on the per-token *mean* loss of a segment, ε added after the
+# square root, decay normalised by the mean RMS. It is the box of the Mogrifier
+# paper's Table 6, converted. The paper's values are for the authors' code
+# (deepmind/lamb): `lamb/dyneval.py` `Dyneval._make_update` applies
+# `-lr * grad / (ms + epsilon) + min(1, decay_rate * ms / gsum) * (save - var)`
+# with `grad` the gradient of `lamb/lm.py` `_build_loss`'s `self.loss`, the
+# cross-entropy *summed* over the segment's n time steps (`reduce_sum(...,
+# axis=0)`, mean over the batch), and `ms` the RMS of that same gradient over
+# training windows of the same length; `gsum` is the mean over all elements.
+# Both the gradient and the RMS are n times ours, so in our units η and λ are
+# as printed and ε is ε/n (`loss_reduction="sum"` in the tuner searches the
+# paper's box and divides ε by each trial's n). Table 6's ε range 1e-8–1e-2 is
+# therefore 1e-8/n–1e-2/n here: 5e-10–1e-2 over n = 1–20.
 DYNAMIC_EVALUATION_SEARCH_SPACE = {
     "segment_length": {
         "type": "int", "min": 1, "max": 20, "sampling": "linear", "default": 5,
@@ -133,19 +145,23 @@ DYNAMIC_EVALUATION_SEARCH_SPACE = {
     },
     "learning_rate": {
         "type": "float", "min": 1e-6, "max": 1e-3, "sampling": "log",
-        "default": 1e-5,
-        "source": f"{MOGRIFIER_TABLE_6}: dyneval_learning_rate 1e-6–1e-3, log "
-        "(per summed segment loss)",
+        "default": 5e-5,
+        "source": f"{MOGRIFIER_TABLE_6}: dyneval_learning_rate 1e-6–1e-3, log; "
+        "the same in the library's units (gradient and RMS both n × ours "
+        "there); default: Krause et al.'s 5e-5",
     },
     "decay_rate": {
         "type": "float", "min": 1e-6, "max": 1e-2, "sampling": "log",
         "default": 2e-3,
-        "source": f"{MOGRIFIER_TABLE_6}: dyneval_decay_rate 1e-6–1e-2, log",
+        "source": f"{MOGRIFIER_TABLE_6}: dyneval_decay_rate 1e-6–1e-2, log "
+        "(unchanged: a ratio of RMS values with the global normaliser)",
     },
     "epsilon": {
-        "type": "float", "min": 1e-8, "max": 1e-2, "sampling": "log",
+        "type": "float", "min": 5e-10, "max": 1e-2, "sampling": "log",
         "default": 2e-5,
-        "source": f"{MOGRIFIER_TABLE_6}: dyneval_epsilon 1e-8–1e-2, log",
+        "source": f"{MOGRIFIER_TABLE_6}: dyneval_epsilon 1e-8–1e-2, log, on "
+        "the summed loss: ε/n here, 5e-10–1e-2 over n = 1–20; default: "
+        "Krause et al.'s 2e-5",
     },
 }
 

@@ -9,6 +9,13 @@ from keras_mogrifier import _validation
 from keras_mogrifier.tuning.dynamic_evaluation_tuner import DynamicEvaluationTuner
 from keras_mogrifier.tuning.language_model_hyper_model import LanguageModelHyperModel
 from keras_mogrifier.tuning.tuners import build_tuner
+from keras_mogrifier.tuning.tuners import run_search
+
+LANGUAGE_MODEL_ADVICE = (
+    "What to try: smaller learning rates (`ranges={'learning_rate': (low, "
+    "high)}`), gradient clipping, or `fixed=` values of a preset that trains "
+    "(e.g. keras_mogrifier.pipeline.get_preset('tiny'))."
+)
 
 
 def run_language_model_search(
@@ -55,6 +62,9 @@ def run_language_model_search(
         overwrite: bool. Defaults to `False` (resume).
         seed: int or None. Seed of the oracle. Defaults to `None`.
         verbose: int. Verbosity of KerasTuner and `fit`. Defaults to `1`.
+
+    Raises:
+        SearchFailedError: when no trial completed.
     """
     epochs = _validation.positive_int("epochs", epochs)
     hypermodel = LanguageModelHyperModel(
@@ -76,8 +86,13 @@ def run_language_model_search(
         overwrite=overwrite,
         seed=seed,
     )
-    search.search(
-        corpus.train, validation_data=corpus.valid, epochs=epochs, verbose=verbose
+    run_search(
+        search,
+        lambda: search.search(
+            corpus.train, validation_data=corpus.valid, epochs=epochs,
+            verbose=verbose,
+        ),
+        LANGUAGE_MODEL_ADVICE,
     )
     return search
 
@@ -121,7 +136,7 @@ def run_dynamic_evaluation_search(
     statistics_batch_size=100,
     ranges=None,
     fixed=None,
-    loss_reduction="sum",
+    loss_reduction="mean",
     directory="tuning_runs",
     project_name="dynamic_evaluation",
     overwrite=False,
@@ -151,7 +166,7 @@ def run_dynamic_evaluation_search(
         fixed: dict or None. See `DynamicEvaluationTuner`. Defaults to
             `None`.
         loss_reduction: str. See `DynamicEvaluationTuner`. Defaults to
-            `"sum"`.
+            `"mean"`.
         directory: str. Defaults to `"tuning_runs"`.
         project_name: str. Defaults to `"dynamic_evaluation"`.
         overwrite: bool. Defaults to `False` (resume).
@@ -163,6 +178,9 @@ def run_dynamic_evaluation_search(
         (static evaluation of the tuning slice and of the test tokens),
         `test_dynamic` (the best setting on the test tokens, with its
         `settings`).
+
+    Raises:
+        SearchFailedError: when no trial completed.
     """
     test_tokens = _validation.optional_positive_int("test_tokens", test_tokens)
     search = DynamicEvaluationTuner(

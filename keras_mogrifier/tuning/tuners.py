@@ -126,6 +126,57 @@ def trial_rows(tuner):
     return rows
 
 
+def search_summary(tuner, advice=""):
+    """A few lines on how a search went: counts, each failure, what to try.
+
+    Args:
+        tuner: a KerasTuner tuner after (or during) `search`.
+        advice: str. What to try when trials failed (appended then).
+
+    Returns:
+        The text, e.g. `"8 trials: 6 completed, 2 failed (...)"` followed by
+        one line per failed trial.
+    """
+    rows = trial_rows(tuner)
+    counts = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    parts = ", ".join(f"{n} {status.lower()}" for status, n in sorted(counts.items()))
+    lines = [f"{len(rows)} trial(s): {parts or 'none ran'}"]
+    for row in rows:
+        if row["status"] not in ("COMPLETED", "RUNNING"):
+            values = ", ".join(f"{k}={_format(v)}" for k, v in row["values"].items())
+            lines.append(
+                f"  trial {row['trial_id']} {row['status'].lower()} ({values}): "
+                f"{row['message'] or 'no message'}"
+            )
+    if advice and any(r["status"] not in ("COMPLETED", "RUNNING") for r in rows):
+        lines.append(advice)
+    return "\n".join(lines)
+
+
+def run_search(tuner, search, advice):
+    """Runs `search()` (the tuner's search), then fails if no trial completed.
+
+    KerasTuner ends a search with a `RuntimeError` after too many failed
+    trials in a row; either way, when no trial of `tuner` completed this
+    raises `SearchFailedError` with `search_summary(tuner, advice)`.
+    """
+    from keras_mogrifier.tuning.search_failed_error import SearchFailedError
+
+    try:
+        search()
+    except RuntimeError as error:
+        if "consecutive failures" not in str(error):
+            raise
+    rows = trial_rows(tuner)
+    if not any(row["status"] == "COMPLETED" for row in rows):
+        raise SearchFailedError(
+            "No trial completed. " + search_summary(tuner, advice), rows
+        )
+    return tuner
+
+
 def _format(value):
     if value is None:
         return "-"

@@ -7,6 +7,9 @@ from keras_mogrifier.callbacks import DivergenceRecovery
 from keras_mogrifier.optimizers import RectifiedAdam
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
 
+from testing import Poison
+from testing import PoisonCalls
+
 LR = 0.05
 
 
@@ -17,33 +20,13 @@ def _data(seed=0, n=16):
     return x, y
 
 
-def _poison(calls, value=np.nan):
-    """A layer that multiplies its output by `value` on the given training calls.
-
-    The call counter lives outside the model and the optimizer, so restoring
-    a checkpoint does not replay the poison: it models a bad batch.
-    """
-    counter = keras.Variable(0, dtype="int32", trainable=False, name="calls")
-    calls = np.asarray(sorted(calls), dtype="int32")
-
-    class Poison(keras.layers.Layer):
-        def call(self, x, training=False):
-            if not training:
-                return x
-            counter.assign_add(1)
-            hit = ops.any(ops.equal(counter.value, calls))
-            return x * ops.where(hit, value, 1.0)
-
-    return Poison()
-
-
 def _model(poison_calls, value=np.nan, optimizer=None):
+    """The model, and the callback (to pass to `fit` first) that poisons it."""
     keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(1), _poison(poison_calls, value)]
-    )
+    poison = Poison()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1), poison])
     model.compile(optimizer=optimizer or RectifiedAdam(LR), loss="mse")
-    return model
+    return model, PoisonCalls(poison, poison_calls, value)
 
 
 def _state(model):
@@ -110,13 +93,13 @@ def test_restores_the_best_checkpoint_and_compounds_the_learning_rate_cut():
     x_val, y_val = _data(seed=1)
     # 4 steps per epoch; training calls 7 and 8 (epoch 1) produce NaN, which
     # also makes the weights NaN after the update.
-    model = _model({7, 8}, optimizer=TwoTailedAveragingOptimizer(RectifiedAdam(LR)))
+    model, poison = _model({7, 8}, optimizer=TwoTailedAveragingOptimizer(RectifiedAdam(LR)))
     record = RecordStates()
     recovery = DivergenceRecovery(monitor="val_loss", verbose=0)
     probe = ProbeRecoveries(recovery)
     history = model.fit(
         x, y, batch_size=4, epochs=4, shuffle=False, verbose=0,
-        validation_data=(x_val, y_val), callbacks=[record, recovery, probe],
+        validation_data=(x_val, y_val), callbacks=[poison, record, recovery, probe],
     )
 
     lr_index = _learning_rate_index(model)
@@ -144,7 +127,7 @@ def test_restores_the_best_checkpoint_and_compounds_the_learning_rate_cut():
 def test_gives_up_after_too_many_recoveries_in_a_row(tmp_path):
     x, y = _data()
     x_val, y_val = _data(seed=1)
-    model = _model(set(range(6, 100)))
+    model, poison = _model(set(range(6, 100)))
     record = RecordStates()
     path = tmp_path / "checkpoint.npz"
     recovery = DivergenceRecovery(
@@ -153,7 +136,7 @@ def test_gives_up_after_too_many_recoveries_in_a_row(tmp_path):
     with pytest.raises(RuntimeError, match="2 recoveries in a row"):
         model.fit(
             x, y, batch_size=4, epochs=3, shuffle=False, verbose=0,
-            validation_data=(x_val, y_val), callbacks=[record, recovery],
+            validation_data=(x_val, y_val), callbacks=[poison, record, recovery],
         )
     assert path.exists()
     assert recovery.recoveries == 2
@@ -176,12 +159,12 @@ def test_without_validation_restores_the_last_finite_state(
     monitor, save_freq, poison_call, checkpoint
 ):
     x, y = _data()
-    model = _model({poison_call})
+    model, poison = _model({poison_call})
     record = RecordStates()
     recovery = DivergenceRecovery(monitor=monitor, save_freq=save_freq, verbose=0)
     probe = ProbeRecoveries(recovery)
     model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0,
-              callbacks=[record, recovery, probe])
+              callbacks=[poison, record, recovery, probe])
     kind, index = checkpoint
     expected = (record.epochs if kind == "epoch" else record.batches)[index]
     lr_index = _learning_rate_index(model)
@@ -195,24 +178,24 @@ def test_a_loss_jump_above_factor_times_the_best_is_a_divergence():
     x, y = _data()
     x_val, y_val = _data(seed=1)
     # Call 7 multiplies the output by 100: finite, but far off.
-    model = _model({7}, value=100.0)
+    model, poison = _model({7}, value=100.0)
     recovery = DivergenceRecovery(factor=3.0, verbose=0)
     model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
-              validation_data=(x_val, y_val), callbacks=[recovery])
+              validation_data=(x_val, y_val), callbacks=[poison, recovery])
     assert recovery.recoveries == 1
     assert "above 3.0 x the lowest epoch loss" in recovery.recoveries_log[0]["reason"]
 
-    model = _model({7}, value=100.0)
+    model, poison = _model({7}, value=100.0)
     recovery = DivergenceRecovery(verbose=0)
     model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
-              validation_data=(x_val, y_val), callbacks=[recovery])
+              validation_data=(x_val, y_val), callbacks=[poison, recovery])
     assert recovery.recoveries == 0
 
 
 def test_a_learning_rate_schedule_is_rejected():
     x, y = _data()
     schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.9)
-    model = _model(set(), optimizer=RectifiedAdam(schedule))
+    model, _ = _model(set(), optimizer=RectifiedAdam(schedule))
     with pytest.raises(ValueError, match="LearningRateSchedule"):
         model.fit(x, y, verbose=0, callbacks=[DivergenceRecovery(verbose=0)])
 

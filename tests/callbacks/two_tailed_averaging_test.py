@@ -9,6 +9,8 @@ from keras_mogrifier.optimizers import RectifiedAdam
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
 
 import testing
+from testing import Poison
+from testing import PoisonCalls
 
 
 def _data(seed=0, n=32, noise=0.0):
@@ -182,12 +184,21 @@ def test_resume_from_a_checkpoint_gives_the_same_averages_and_decisions(tmp_path
             verbose=0,
         )
 
-    straight = _model(optimizer=keras.optimizers.SGD(0.1))
+    def initialize(model):
+        # NumPy initial weights: the same on every backend (Keras's random
+        # streams differ), so the same decisions happen everywhere.
+        rng = np.random.default_rng(0)
+        model.set_weights(
+            [rng.normal(size=w.shape).astype("float32") for w in model.get_weights()]
+        )
+        return model
+
+    straight = initialize(_model(optimizer=keras.optimizers.SGD(0.1)))
     straight_tta = callback()
     straight.fit(x, y, batch_size=4, epochs=4, shuffle=False, verbose=0,
                  callbacks=[straight_tta])
 
-    first = _model(optimizer=keras.optimizers.SGD(0.1))
+    first = initialize(_model(optimizer=keras.optimizers.SGD(0.1)))
     first_tta = callback()
     first.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
               callbacks=[first_tta])
@@ -224,25 +235,17 @@ def test_resume_from_a_checkpoint_gives_the_same_averages_and_decisions(tmp_path
 def test_a_divergence_recovery_rolls_the_averages_back_with_the_step():
     x, y = _data(n=16)
     x_val, y_val = _data(seed=1, n=16)
-    counter = keras.Variable(0, dtype="int32", trainable=False)
-
-    class NaNOnCallSeven(keras.layers.Layer):  # a bad batch, not replayed
-        def call(self, inputs, training=False):
-            if not training:
-                return inputs
-            counter.assign_add(1)
-            return inputs * ops.where(ops.equal(counter.value, 7), np.nan, 1.0)
-
     keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [keras.Input((3,)), keras.layers.Dense(1), NaNOnCallSeven()]
-    )
+    poison = Poison()
+    nan_on_call_seven = PoisonCalls(poison, {7}, np.nan)  # a bad batch, not replayed
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1), poison])
     model.compile(optimizer=TwoTailedAveragingOptimizer(RectifiedAdam(0.05)),
                   loss="mse")
     recovery = DivergenceRecovery(verbose=0)
     tta = TwoTailedAveraging((x_val, y_val), evaluation_frequency=2, verbose=0)
     model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0,
-              validation_data=(x_val, y_val), callbacks=[recovery, tta])
+              validation_data=(x_val, y_val),
+              callbacks=[nan_on_call_seven, recovery, tta])
     # 4 steps per epoch, 12 training calls; call 7 diverges and the state
     # goes back to step 4, so step 6 is reached (and evaluated) twice and
     # the run ends at step 9.

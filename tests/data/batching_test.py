@@ -7,6 +7,8 @@ from keras import ops
 from keras_mogrifier.data import StreamDataset
 from keras_mogrifier.data import batchify
 
+from testing import to_numpy
+
 
 def test_batchify_layout_drops_the_tail():
     ids = np.arange(23)
@@ -109,14 +111,19 @@ def test_argument_validation():
 
 
 class _Recorder(layers.Layer):
-    """Identity that records the batches it sees (run eagerly)."""
+    """Identity that records the training batches it sees (run eagerly).
+
+    Only calls with `training=True` are recorded: building the model (on
+    symbolic or placeholder inputs, depending on the backend) is not a batch.
+    """
 
     def __init__(self, log, **kwargs):
         super().__init__(**kwargs)
         self.record = log.append  # a bound method: Keras does not copy it
 
-    def call(self, x):
-        self.record(np.asarray(ops.convert_to_numpy(x)))
+    def call(self, x, training=None):
+        if training:
+            self.record(np.asarray(ops.convert_to_numpy(x)))
         return x
 
     def compute_output_shape(self, input_shape):
@@ -156,6 +163,8 @@ def test_stateful_rnn_over_windows_equals_one_pass_over_the_streams():
     full_lstm = layers.LSTM(6, return_sequences=True)
     full = keras.Model(full_in, full_lstm(embedding(full_in)))
     full_lstm.set_weights(stateful_lstm.get_weights())
-    outputs = [stateful.predict_on_batch(data[k][0]) for k in range(len(data))]
-    expected = full.predict_on_batch(data.streams[:, : 5 * len(data)])
+    # Direct calls, not `predict_on_batch`: on JAX, Keras's predict function
+    # does not write the updated RNN state back into `stateful_lstm.states`.
+    outputs = [to_numpy(stateful(data[k][0])) for k in range(len(data))]
+    expected = to_numpy(full(data.streams[:, : 5 * len(data)]))
     np.testing.assert_allclose(np.concatenate(outputs, axis=1), expected, atol=1e-5)

@@ -5,6 +5,7 @@ import keras
 import keras_mogrifier as km
 
 import reference
+from testing import to_numpy
 
 B, T, M, N = 3, 7, 5, 8
 
@@ -16,7 +17,7 @@ def _xs(seed=0, scale=1.0):
 def _run(cell, xs, **kwargs):
     rnn = keras.layers.RNN(cell, return_sequences=True, return_state=True)
     out, h, c = rnn(xs, **kwargs)
-    return rnn, np.asarray(out), np.asarray(h), np.asarray(c)
+    return rnn, to_numpy(out), to_numpy(h), to_numpy(c)
 
 
 def _randomize(layer, seed=1, scale=0.4):
@@ -39,9 +40,9 @@ def test_matches_numpy_reference(rounds, rank, capped, use_bias):
     _randomize(rnn)
     _, out, h, c = _run(cell, xs)
     weights = {
-        "kernel": np.asarray(cell.kernel),
-        "recurrent_kernel": np.asarray(cell.recurrent_kernel),
-        "bias": None if cell.bias is None else np.asarray(cell.bias),
+        "kernel": to_numpy(cell.kernel),
+        "recurrent_kernel": to_numpy(cell.recurrent_kernel),
+        "bias": None if cell.bias is None else to_numpy(cell.bias),
         "capped": capped,
     }
     rounds_ref = []
@@ -72,7 +73,7 @@ def test_equals_keras_lstm_cell_with_its_weights():
     cell.bias.assign(keras_rnn.cell.bias)
     actual = rnn(xs)
     for a, e in zip(actual, expected):  # outputs, h, c
-        np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(to_numpy(a), to_numpy(e), rtol=1e-6, atol=1e-6)
 
 
 def test_weight_layout_and_mogrifier_sublayer():
@@ -116,14 +117,14 @@ def test_zero_mogrifier_weights_equal_plain_lstm_step():
 def test_unit_forget_bias_and_chrono():
     cell = km.MogrifierLSTMCell(N, mogrifier_rounds=0)
     cell.build((None, M))
-    b = np.asarray(cell.bias)
+    b = to_numpy(cell.bias)
     np.testing.assert_array_equal(b[N : 2 * N], 1.0)
     np.testing.assert_array_equal(b[:N], 0.0)
     t_max = 60.0
     cell = km.MogrifierLSTMCell(N * 8, mogrifier_rounds=0, chrono_t_max=t_max, seed=2)
     cell.build((None, M))
     n = cell.units
-    b = np.asarray(cell.bias)
+    b = to_numpy(cell.bias)
     forget, inp = b[n : 2 * n], b[:n]
     assert forget.min() >= 0.0 and forget.max() <= np.log(t_max - 1) + 1e-6
     assert forget.std() > 0.3  # spread over the range, not a constant

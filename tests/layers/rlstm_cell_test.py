@@ -5,6 +5,7 @@ import keras
 import keras_mogrifier as km
 
 import reference
+from testing import to_numpy
 
 B, T, M, N = 3, 7, 5, 8
 
@@ -20,11 +21,11 @@ def _randomize(layer, seed=1, scale=0.4):
 
 def _weights(cell):
     return {
-        "kernel": np.asarray(cell.kernel),
-        "recurrent_kernel": np.asarray(cell.recurrent_kernel),
-        "forget_kernel": np.asarray(cell.forget_kernel),
-        "output_kernel": np.asarray(cell.output_kernel),
-        "bias": None if cell.bias is None else np.asarray(cell.bias),
+        "kernel": to_numpy(cell.kernel),
+        "recurrent_kernel": to_numpy(cell.recurrent_kernel),
+        "forget_kernel": to_numpy(cell.forget_kernel),
+        "output_kernel": to_numpy(cell.output_kernel),
+        "bias": None if cell.bias is None else to_numpy(cell.bias),
     }
 
 
@@ -44,7 +45,7 @@ def test_matches_numpy_reference(rounds, rank, use_bias):
     rnn = keras.layers.RNN(cell, return_sequences=True, return_state=True)
     rnn(xs)
     _randomize(rnn)
-    out, h, c = rnn(xs)
+    out, h, c = (to_numpy(t) for t in rnn(xs))
     out_ref, h_ref, c_ref = reference.run_sequence(
         reference.rlstm_step, xs, N, rounds=_mogrifier_rounds(cell), **_weights(cell)
     )
@@ -62,7 +63,7 @@ def test_weight_layout():
         (M, 2 * N), (N, 3 * N), (N, N), (N, N), (4 * N,)
     ]
     assert cell.mogrifier is None
-    b = np.asarray(cell.bias)
+    b = to_numpy(cell.bias)
     np.testing.assert_array_equal(b[2 * N : 3 * N], 1.0)  # unit forget bias (i, j, f, o)
     cell = km.RLSTMCell(N, mogrifier_rounds=4, mogrifier_rank=3)
     assert isinstance(cell.mogrifier, km.Mogrifier)
@@ -75,7 +76,7 @@ def test_cell_is_bounded_over_long_sequences_with_large_weights():
     rnn(xs[:, :2])
     _randomize(rnn, scale=8.0)
     # Drive the forget gate towards 1 and the input gate too: the cap holds.
-    bias = np.asarray(cell.bias)
+    bias = to_numpy(cell.bias).copy()
     bias[: 3 * N] = 10.0
     cell.bias.assign(bias)
     c_all = []
@@ -83,9 +84,9 @@ def test_cell_is_bounded_over_long_sequences_with_large_weights():
     for start in range(0, 500, 50):
         outs = rnn(xs[:, start : start + 50], initial_state=state)
         state = list(outs[1:])
-        c_all.append(np.asarray(outs[2]))
+        c_all.append(to_numpy(outs[2]))
     assert np.max(np.abs(np.stack(c_all))) <= 1.0
-    assert np.all(np.abs(np.asarray(outs[0])) <= 1.0)
+    assert np.all(np.abs(to_numpy(outs[0])) <= 1.0)
 
 
 def test_state_mask_also_multiplies_c_in_output_gate():
@@ -104,20 +105,20 @@ def test_state_mask_also_multiplies_c_in_output_gate():
     outs = []
     for t in range(T):
         out, (h, c) = cell(xs[:, t], [h, c], training=True)
-        outs.append(np.asarray(out))
+        outs.append(to_numpy(out))
     out_ref, _, c_ref = reference.run_sequence(
         reference.rlstm_step, xs, N, rounds=_mogrifier_rounds(cell),
         input_mask=input_mask, state_mask=state_mask, **_weights(cell),
     )
     np.testing.assert_allclose(np.stack(outs, 1), out_ref, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(c, c_ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(c), c_ref, rtol=1e-4, atol=1e-5)
 
 
 def test_chrono_initializes_forget_bias_only():
     t_max = 40.0
     cell = km.RLSTMCell(64, chrono_t_max=t_max, seed=3)
     cell.build((None, M))
-    b = np.asarray(cell.bias)
+    b = to_numpy(cell.bias)
     forget = b[128:192]
     assert forget.min() >= 0.0 and forget.max() <= np.log(t_max - 1) + 1e-6
     np.testing.assert_array_equal(b[:128], 0.0)

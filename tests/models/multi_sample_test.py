@@ -3,11 +3,14 @@
 import numpy as np
 import pytest
 import keras
-import tensorflow as tf
 
 from keras_mogrifier.losses import IWAEDropoutLoss
 from keras_mogrifier.metrics import Perplexity
 from keras_mogrifier.models import LanguageModel
+
+from testing import JIT_COMPILE
+from testing import to_numpy
+from testing import value_and_gradients
 
 V, B, T, N = 29, 3, 6, 8
 DROPOUT = dict(input_dropout=0.3, cell_output_dropout=0.2, state_dropout=0.3, output_dropout=0.3)
@@ -28,19 +31,15 @@ def _softmax(logits):
     return z / z.sum(-1, keepdims=True)
 
 
-def _numpy(x):
-    return np.asarray(tf.convert_to_tensor(x))
-
-
 def test_copies_have_their_own_masks_and_state_rows():
     model = LanguageModel(V, units=N, samples=4, batch_size=B, seed=3, **DROPOUT)
-    out = np.asarray(model(_ids(), training=True))
+    out = to_numpy(model(_ids(), training=True))
     assert out.shape == (B, 4, T, V)
     for d in range(4):
         for e in range(d + 1, 4):
             assert not np.allclose(out[:, d], out[:, e])
     # Every copy wrote its own final state: rows d·B … (d+1)·B − 1.
-    state = np.asarray(model.recurrent_state_variables[0]).reshape(4, B, N)
+    state = to_numpy(model.recurrent_state_variables[0]).reshape(4, B, N)
     for d in range(1, 4):
         assert not np.allclose(state[0], state[d])
 
@@ -55,16 +54,16 @@ def test_each_copy_continues_from_its_own_state():
     starts = [rng.normal(size=v.shape).astype("float32") for v in model.recurrent_state_variables]
     for v, s in zip(model.recurrent_state_variables, starts):
         v.assign(s)
-    out = np.asarray(model(ids, training=True))  # no dropout: copies differ by state only
-    ends = [np.asarray(v) for v in model.recurrent_state_variables]
+    out = to_numpy(model(ids, training=True))  # no dropout: copies differ by state only
+    ends = [to_numpy(v) for v in model.recurrent_state_variables]
     single = model.with_options(samples=1)
     for d in range(3):
         rows = slice(d * B, (d + 1) * B)
         for v, s in zip(single.recurrent_state_variables, starts):
             v.assign(s[rows])
-        np.testing.assert_allclose(out[:, d], single(ids, training=True), atol=1e-5)
+        np.testing.assert_allclose(out[:, d], to_numpy(single(ids, training=True)), atol=1e-5)
         for v, e in zip(single.recurrent_state_variables, ends):
-            np.testing.assert_allclose(np.asarray(v)[:B], e[rows], atol=1e-5)
+            np.testing.assert_allclose(to_numpy(v)[:B], e[rows], atol=1e-5)
 
 
 def test_copies_are_identical_without_dropout_and_one_is_computed_at_evaluation():
@@ -73,14 +72,14 @@ def test_copies_are_identical_without_dropout_and_one_is_computed_at_evaluation(
     model.build((B, None))
     _randomize(model)
     single = model.with_options(samples=1)
-    evaluated = np.asarray(model(ids))
+    evaluated = to_numpy(model(ids))
     assert evaluated.shape == (B, T, V)
-    np.testing.assert_allclose(evaluated, single(ids), atol=1e-6)
+    np.testing.assert_allclose(evaluated, to_numpy(single(ids)), atol=1e-6)
     model.reset_states()
-    np.testing.assert_allclose(model(ids), evaluated, atol=1e-6)  # deterministic
+    np.testing.assert_allclose(to_numpy(model(ids)), evaluated, atol=1e-6)  # deterministic
     # With every dropout rate 0 the D training copies coincide.
     plain = model.with_options(**{k: 0.0 for k in DROPOUT})
-    out = np.asarray(plain(ids, training=True))
+    out = to_numpy(plain(ids, training=True))
     for d in range(3):
         np.testing.assert_allclose(out[:, d], evaluated, atol=1e-5)
 
@@ -104,7 +103,9 @@ def test_short_fit_with_two_samples_decreases_the_loss(chunk):
     model.compile(keras.optimizers.Adam(0.03), IWAEDropoutLoss(),
                   weighted_metrics=[Perplexity()])
     history = model.fit(x, y, batch_size=B, epochs=3, verbose=0).history
-    assert history["loss"][-1] < 0.5 * history["loss"][0]
+    # About 0.45 to 0.57 of the first epoch's loss, depending on the initial
+    # weights and dropout masks (each backend has its own random streams).
+    assert history["loss"][-1] < 0.6 * history["loss"][0]
     # Training perplexity is exp of the multi-sample objective (no l2 here).
     np.testing.assert_allclose(np.log(history["perplexity"]), history["loss"], rtol=1e-3)
     logs = model.evaluate(x, y, batch_size=B, verbose=0, return_dict=True)
@@ -130,11 +131,15 @@ def test_chunked_loss_and_gradients_equal_the_unchunked_ones(config):
     results = []
     for m in (model.with_options(), chunked):  # same seed: same masks
         m.compile("sgd", IWAEDropoutLoss(), weighted_metrics=[Perplexity()])
-        with tf.GradientTape() as tape:
+
+        def loss_fn(m=m):
             out = m(x, training=True)
-            loss = m.compute_loss(x, y, out, weights, training=True)
-        grads = tape.gradient(loss, m.trainable_weights)
-        results.append((float(loss), [_numpy(g) for g in grads], tuple(out.shape)))
+            return m.compute_loss(x, y, out, weights, training=True), tuple(out.shape)
+
+        (loss, shape), grads = value_and_gradients(
+            loss_fn, m.trainable_weights, model=m, has_aux=True
+        )
+        results.append((float(loss), grads, shape))
     (loss, grads, shape), (c_loss, c_grads, c_shape) = results
     width = 5 if "embedding_dim" in config else N
     assert shape[-1] == V and c_shape == shape[:-1] + (width,)
@@ -143,19 +148,21 @@ def test_chunked_loss_and_gradients_equal_the_unchunked_ones(config):
         np.testing.assert_allclose(c, g, rtol=1e-4, atol=1e-6)
     # The objective itself, against NumPy: softmax of the unchunked logits.
     m = model.with_options()
-    logits = np.asarray(m(x, training=True), "float64")
+    logits = to_numpy(m(x, training=True)).astype("float64")
     if logits.ndim == 3:
         logits = logits[:, None]
     p = _softmax(logits)
     target = np.take_along_axis(p, y[:, None, :, None], -1)[..., 0].mean(1)
-    penalty = sum(float(np.sum(l)) for l in m.losses)
+    penalty = sum(float(to_numpy(l).sum()) for l in m.losses)
     expected = -(np.log(target) * weights).sum() / weights.sum() + penalty
     assert loss == pytest.approx(expected, rel=1e-5)
 
 
 def test_chunked_train_step_under_xla_equals_the_unchunked_one():
     # The chunked step compiled with XLA, the reference without (no dropout:
-    # XLA draws other random numbers than the TensorFlow kernels).
+    # XLA draws other random numbers than the TensorFlow kernels). On PyTorch
+    # both run eagerly (`JIT_COMPILE`: torch.compile of this model takes
+    # over a minute on CPU).
     model = LanguageModel(V, units=N, samples=2, batch_size=B, l2=1e-3)
     model.build((B, None))
     _randomize(model)
@@ -164,9 +171,10 @@ def test_chunked_train_step_under_xla_equals_the_unchunked_one():
     for chunk in (None, 5):
         m = model.with_options(softmax_chunk_size=chunk)
         m.compile(keras.optimizers.SGD(0.5), IWAEDropoutLoss(),
-                  weighted_metrics=[Perplexity()], jit_compile=chunk is not None)
+                  weighted_metrics=[Perplexity()],
+                  jit_compile=JIT_COMPILE if chunk is not None else False)
         logs = [m.train_on_batch(x, y, return_dict=True) for _ in range(2)]
-        runs.append((logs, [np.asarray(w) for w in m.trainable_weights]))
+        runs.append((logs, [to_numpy(w) for w in m.trainable_weights]))
     (logs, weights), (c_logs, c_weights) = runs
     for a, b in zip(logs, c_logs):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
@@ -201,10 +209,10 @@ def test_target_log_probabilities_match_the_logits():
     _randomize(model)
     x, y = _ids(8), _ids(9)
     features = model(x, training=True)
-    logits = np.asarray(model.with_options(softmax_chunk_size=None)(x, training=True), "float64")
+    logits = to_numpy(model.with_options(softmax_chunk_size=None)(x, training=True)).astype("float64")
     expected = np.log(np.take_along_axis(_softmax(logits), np.broadcast_to(
         y[:, None, :, None], logits.shape[:-1] + (1,)), -1)[..., 0])
-    np.testing.assert_allclose(model.target_log_probabilities(features, y), expected, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(model.target_log_probabilities(features, y)), expected, atol=1e-5)
     with pytest.raises(ValueError, match=r"Expected features of shape"):
         model.target_log_probabilities(features[:, 0, 0], y)
 
@@ -224,24 +232,26 @@ def test_chunking_needs_features_narrower_or_wider_than_the_vocabulary():
 def test_sample_axis_missing_or_of_the_wrong_size_raises(chunk):
     x, y = _ids(), _ids(1)
     model = LanguageModel(V, units=N, batch_size=B, softmax_chunk_size=chunk)
-    model.compile("sgd", IWAEDropoutLoss(samples=2))
-    with pytest.raises(ValueError, match="2 samples|sample axis of size 2"):
-        model.fit(x, y, batch_size=B, verbose=0)
+    with pytest.raises(ValueError, match="2 samples.*samples=1"):
+        model.compile("sgd", IWAEDropoutLoss(samples=2))
     model = LanguageModel(V, units=N, batch_size=B, samples=2, softmax_chunk_size=chunk)
-    model.compile("sgd", IWAEDropoutLoss(samples=3))
-    with pytest.raises(ValueError, match="3 samples"):
-        model.fit(x, y, batch_size=B, verbose=0)
+    with pytest.raises(ValueError, match="3 samples.*samples=2"):
+        model.compile("sgd", IWAEDropoutLoss(samples=3))
+    # The matching D trains (D samples) and evaluates (one sample) alike.
+    model.compile("sgd", IWAEDropoutLoss(samples=2))
+    model.fit(x, y, batch_size=B, verbose=0)
+    assert np.isfinite(model.evaluate(x, y, batch_size=B, verbose=0))
 
 
 def test_chunking_needs_the_iwae_loss_and_probability_metrics():
     x, y = _ids(), _ids(1)
     model = LanguageModel(V, units=N, batch_size=B, samples=2, softmax_chunk_size=4)
-    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    # Refused at compile, before any step could change a weight.
     with pytest.raises(ValueError, match=r"compile\(loss=IWAEDropoutLoss\(\)\)"):
-        model.fit(x, y, batch_size=B, verbose=0)
-    weights = [np.asarray(w).copy() for w in model.trainable_weights]
-    model.compile("sgd", IWAEDropoutLoss(), metrics=["accuracy"])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     with pytest.raises(ValueError, match="Expected training metrics.*accuracy"):
-        model.fit(x, y, batch_size=B, verbose=0)
-    for w, before in zip(model.trainable_weights, weights):
-        np.testing.assert_array_equal(np.asarray(w), before)  # no step was taken
+        model.compile("sgd", IWAEDropoutLoss(), metrics=["accuracy"])
+    with pytest.raises(ValueError, match="Expected training metrics"):
+        model.compile("sgd", IWAEDropoutLoss(), weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()])
+    model.compile("sgd", IWAEDropoutLoss(), weighted_metrics=[Perplexity()])
+    model.fit(x, y, batch_size=B, verbose=0)

@@ -9,6 +9,7 @@ from keras_mogrifier.data import synthetic_corpus
 from keras_mogrifier.evaluation import DynamicEvaluator
 from keras_mogrifier.tuning import DYNAMIC_EVALUATION_OBJECTIVE
 from keras_mogrifier.tuning import DynamicEvaluationTuner
+from keras_mogrifier.tuning import SearchFailedError
 from keras_mogrifier.tuning import best_configuration
 from keras_mogrifier.tuning import trial_rows
 
@@ -39,9 +40,15 @@ def tuning_stream(corpus):
     return np.tile(corpus.valid[:25], 8)
 
 
+# On this toy model and repeated text, the settings that help are larger than
+# on real text: the searches of these tests draw from this box.
+TOY_RANGES = {"learning_rate": (1e-3, 3e-2), "epsilon": (1e-5, 1e-3)}
+
+
 def make_tuner(model, corpus, directory, cls=DynamicEvaluationTuner, **kwargs):
     kwargs.setdefault("max_trials", 3)
     kwargs.setdefault("fixed", {"segment_length": N})
+    kwargs.setdefault("ranges", TOY_RANGES)
     return cls(
         model, corpus.train, seed=3, statistics_batch_size=STATISTICS_BATCH,
         directory=directory, project_name="dyneval", **kwargs,
@@ -81,19 +88,19 @@ def test_search_finds_a_setting_better_than_static(searched, tuning_stream):
     assert zero["loss"] == pytest.approx(static["loss"], rel=1e-6)
 
 
-def test_trial_is_one_dynamic_pass_with_the_converted_learning_rate(
+def test_trial_is_one_dynamic_pass_with_its_settings(
     searched, trained, corpus, tuning_stream
 ):
     tuner, _, _ = searched
     best = best_configuration(tuner)
     values = best["values"]
     settings = best["configuration"]
-    # The paper's η is for a loss summed over the segment: × n for the mean.
-    assert settings["learning_rate"] == pytest.approx(values["learning_rate"] * N)
+    # The default space is in the library's units: nothing is converted.
+    assert settings == {"segment_length": N, **values}
     # An independent evaluator with those settings scores what the trial did.
     evaluator = DynamicEvaluator(
         trained.with_options(batch_size=STATISTICS_BATCH, samples=1),
-        learning_rate=values["learning_rate"] * N,
+        learning_rate=values["learning_rate"],
         decay_rate=values["decay_rate"],
         epsilon=values["epsilon"],
         segment_length=N,
@@ -134,33 +141,49 @@ def test_resume_reruns_nothing_and_reuses_statistics(
 
 
 @pytest.mark.parametrize(
-    "learning_rates",
+    "learning_rates, reason",
     [
-        (1e36, 1e37),  # η·n overflows float32: NaN loss
-        (1.0, 10.0),  # finite, but far worse than a uniform guess
+        ((1e36, 1e37), "diverged at token"),  # overflows: stopped at the first NaN segment
+        ((1.0, 10.0), "above max_loss"),  # finite, but far worse than a uniform guess
     ],
 )
-def test_diverging_pass_is_a_failed_trial(
-    trained, corpus, tuning_stream, tmp_path, learning_rates
+def test_diverging_pass_is_a_failed_trial_and_the_search_ends_with_a_summary(
+    trained, corpus, tuning_stream, tmp_path, learning_rates, reason
 ):
     tuner = make_tuner(
-        trained, corpus, str(tmp_path), max_trials=1,
+        trained, corpus, str(tmp_path), max_trials=2,
         ranges={"learning_rate": learning_rates},
     )
     assert tuner.max_loss == pytest.approx(np.log(len(corpus.vocabulary)))
-    tuner.search(tuning_stream, verbose=0)
-    (row,) = trial_rows(tuner)
-    assert row["status"] == "FAILED"
-    assert "diverged" in row["message"]
+    with pytest.raises(SearchFailedError) as raised:
+        tuner.search(tuning_stream, verbose=0)
+    rows = trial_rows(tuner)
+    assert [row["status"] for row in rows] == ["FAILED", "FAILED"]
+    assert all(reason in row["message"] for row in rows)
+    summary = raised.value.summary
+    assert summary.startswith("No trial completed. 2 trial(s): 2 failed")
+    assert summary.count(reason) == 2 and "What to try" in summary
     with pytest.raises(ValueError, match="completed trial"):
         tuner.evaluate(tuning_stream)
+
+
+def test_the_papers_units_divide_epsilon_by_the_segment_length(trained, corpus, tmp_path):
+    tuner = make_tuner(
+        trained, corpus, str(tmp_path), loss_reduction="sum", fixed={}, ranges=None,
+    )
+    settings = tuner.evaluator_settings(
+        {"learning_rate": 3e-4, "decay_rate": 1e-3, "epsilon": 1e-6, "segment_length": 4}
+    )
+    assert settings == {
+        "segment_length": 4, "learning_rate": 3e-4, "decay_rate": 1e-3, "epsilon": 2.5e-7
+    }
 
 
 def test_mean_convention_and_custom_oracle(trained, corpus, tmp_path):
     oracle = keras_tuner.oracles.RandomSearchOracle(
         objective=DYNAMIC_EVALUATION_OBJECTIVE, max_trials=1
     )
-    tuner = make_tuner(trained, corpus, str(tmp_path), oracle=oracle, loss_reduction="mean")
+    tuner = make_tuner(trained, corpus, str(tmp_path), oracle=oracle)
     settings = tuner.evaluator_settings(
         {"learning_rate": 5e-5, "decay_rate": 2e-3, "epsilon": 2e-5}
     )
