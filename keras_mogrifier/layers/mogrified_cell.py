@@ -131,6 +131,7 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
                 use_bias=mogrifier_use_bias,
                 kernel_initializer=self.mogrifier_initializer,
                 kernel_regularizer=self.kernel_regularizer,
+                bias_regularizer=self.bias_regularizer,
                 kernel_constraint=self.kernel_constraint,
                 dtype=self.dtype_policy,
                 name="mogrifier",

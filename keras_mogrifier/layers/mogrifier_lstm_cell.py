@@ -55,7 +55,8 @@ class MogrifierLSTMCell(MogrifiedCell):
             matrices. Defaults to `None`.
         recurrent_regularizer: regularizer of `recurrent_kernel`. Defaults to
             `None`.
-        bias_regularizer: regularizer of `bias`. Defaults to `None`.
+        bias_regularizer: regularizer of `bias` and of the mogrifier's
+            biases. Defaults to `None`.
         kernel_constraint: constraint of `kernel` and of the mogrifier's
             matrices. Defaults to `None`.
         recurrent_constraint: constraint of `recurrent_kernel`. Defaults to

@@ -56,7 +56,8 @@ class RLSTMCell(MogrifiedCell):
             mogrifier's matrices. Defaults to `None`.
         recurrent_regularizer: regularizer of `recurrent_kernel` and
             `output_kernel`. Defaults to `None`.
-        bias_regularizer: regularizer of `bias`. Defaults to `None`.
+        bias_regularizer: regularizer of `bias` and of the mogrifier's
+            biases. Defaults to `None`.
         kernel_constraint: constraint of `kernel`, `forget_kernel` and the
             mogrifier's matrices. Defaults to `None`.
         recurrent_constraint: constraint of `recurrent_kernel` and

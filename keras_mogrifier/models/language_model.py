@@ -118,8 +118,16 @@ class LanguageModel(keras.Model):
         batch_size: int or None. Number of streams the state has room for
             (per sample); `None` takes the batch size of the first call.
             Defaults to `None`.
-        l2: float. L2 penalty on all weights (added to the loss). Defaults to
-            `0.0`.
+        l2: float. L2 coefficient `c` of the penalty `c · Σ v²` over every
+            trainable variable, biases included (as in the authors' code),
+            added to the per-token mean loss. lamb's `l2_penalty` is
+            `l2_penalty / (2T)` here (`keras_mogrifier.pipeline.units`).
+            Defaults to `0.0`.
+        drop_state_probability: float. In training, the carried state of each
+            stream (and dropout sample) is zeroed with this probability at
+            each call, every layer's `h` and `c` together, as lamb does
+            (`drop_state_probability`, 0.01 in its released configurations);
+            evaluation is untouched. Defaults to `0.0`.
         initializer: initializer or None. If set, used for every weight
             matrix, the embeddings and the biases of the gates, the Dual head
             and the softmax (e.g. `RandomUniform(-0.1, 0.1)`: Zaremba et al.
@@ -179,6 +187,7 @@ class LanguageModel(keras.Model):
         stateful=True,
         batch_size=None,
         l2=0.0,
+        drop_state_probability=0.0,
         initializer=None,
         adaptation_units=None,
         adaptation_streams=None,
@@ -211,6 +220,7 @@ class LanguageModel(keras.Model):
         temperature = v.positive_float("temperature", temperature)
         batch_size = v.optional_positive_int("batch_size", batch_size)
         l2 = v.non_negative_float("l2", l2)
+        drop_state_probability = v.rate("drop_state_probability", drop_state_probability)
         if not -num_layers <= adaptation_layer < num_layers:
             raise ValueError(
                 f"Expected `adaptation_layer` to index one of the {num_layers} "
@@ -243,6 +253,7 @@ class LanguageModel(keras.Model):
         self.stateful = bool(stateful)
         self.batch_size = batch_size
         self.l2 = l2
+        self.drop_state_probability = drop_state_probability
         self.initializer = (
             None if initializer is None else keras.initializers.get(initializer)
         )
@@ -250,6 +261,7 @@ class LanguageModel(keras.Model):
         self.adaptation_streams = adaptation_streams
         self.adaptation_layer = adaptation_layer
         self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
 
         width = embedding_dim or units
         regularizer = keras.regularizers.L2(l2) if l2 > 0 else None
@@ -283,7 +295,7 @@ class LanguageModel(keras.Model):
                 recurrent_dropout=self.state_dropout,
                 kernel_regularizer=regularizer,
                 recurrent_regularizer=regularizer,
-                bias_regularizer=None,
+                bias_regularizer=regularizer,
                 mogrifier_initializer=self.initializer,
                 seed=None if seed is None else seed + 1 + layer,
                 name=f"cell_{layer}",
@@ -319,6 +331,7 @@ class LanguageModel(keras.Model):
                 dropout=self.dual_dropout,
                 output_dropout=self.output_dropout,
                 kernel_regularizer=regularizer,
+                bias_regularizer=regularizer,
                 seed=seed,
                 name="dual_output",
                 **dense_init,
@@ -347,6 +360,7 @@ class LanguageModel(keras.Model):
             else keras.layers.Dense(
                 vocabulary_size,
                 kernel_regularizer=regularizer,
+                bias_regularizer=regularizer,
                 name="output",
                 **dense_init,
             )
@@ -390,6 +404,7 @@ class LanguageModel(keras.Model):
             self.output_bias = self.add_weight(
                 shape=(self.vocabulary_size,),
                 initializer=self.initializer or "zeros",
+                regularizer=keras.regularizers.L2(self.l2) if self.l2 > 0 else None,
                 name="output_bias",
             )
         self.temperature_variable = self.add_weight(
@@ -432,6 +447,14 @@ class LanguageModel(keras.Model):
         rows = ops.shape(ids)[0]
         new_states = []
         outputs = []
+        keep = None
+        if self.stateful and bool(training) and self.drop_state_probability > 0:
+            # One draw per stream (row), for every layer's h and c alike.
+            keep = ops.cast(
+                keras.random.uniform((rows, 1), seed=self.seed_generator)
+                >= self.drop_state_probability,
+                self.compute_dtype,
+            )
         for layer, rnn in enumerate(self.recurrent_layers):
             initial_state = None
             if self.stateful:
@@ -439,6 +462,8 @@ class LanguageModel(keras.Model):
                     self._read_state(v, rows)
                     for v in self.recurrent_state_variables[2 * layer : 2 * layer + 2]
                 ]
+                if keep is not None:
+                    initial_state = [s * ops.cast(keep, s.dtype) for s in initial_state]
             h, h_last, c_last = rnn(x, initial_state=initial_state, training=training)
             new_states += [h_last, c_last]
             h = self.cell_output_dropout_layers[layer](h, training=training)
@@ -791,6 +816,7 @@ class LanguageModel(keras.Model):
                 "stateful": self.stateful,
                 "batch_size": self.batch_size,
                 "l2": self.l2,
+                "drop_state_probability": self.drop_state_probability,
                 "initializer": (
                     None
                     if self.initializer is None

@@ -20,20 +20,35 @@ A preset is a dict with two parts: `"model"`, the arguments of
 - `paper`: the 24M-parameter Mogrifier RLSTM of Circling Back (Melis 2022):
   2 layers of 950 units, 5 rounds of rank 84, tied embeddings, residual
   connections with cell-output dropout, D = 8 dropout samples, RAdam,
-  Two-Tailed Averaging, Chrono initialisation, batch 128, BPTT 70, gradient
-  clipping at 10, ~400 epochs; the training loss is computed from the
-  softmax features 1024 tokens at a time (`softmax_chunk_size`) so that the
-  multi-sample logits are never materialised. The dropout rates, learning rate and l2 come
-  from the released Mogrifier configuration (input .73, inter-layer .29,
-  state .39, output .72, lr 2.3e-3, l2 2.5e-4) since the tuned values are
-  not published; `chrono_t_max = e^3.5` is the middle of the tuned range
-  `[e², e⁵]`. A GPU-scale run.
+  Two-Tailed Averaging, Chrono initialisation, batch 128, BPTT 70, ~400
+  epochs; the training loss is computed from the softmax features 1024
+  tokens at a time (`softmax_chunk_size`) so that the multi-sample logits
+  are never materialised. A GPU-scale run. Circling Back re-tuned its
+  dropout rates, learning rate and l2 for this architecture and did not
+  publish them: the preset starts from the released PTB configuration of the
+  Mogrifier LSTM (deepmind/lamb
+  `experiment/mogrifier/config/786252db3825+_tune_ptb_24m_lstm_fm_d2_arms/trial_483/config`:
+  input_dropout .729, inter_layer_dropout .291, state_dropout .387,
+  output_dropout .716, learning_rate 2.3e-3, l2_penalty 2.52e-4,
+  max_grad_norm 10, drop_state_probability 0.01), which were tuned for
+  lamb's *skip-connection* model, where the inter-layer mask hits only the
+  second layer's input; here the cell-output mask also multiplies the last
+  layer's output before the output dropout, so these rates are starting
+  values for the Circling Back architecture, to be re-tuned.
+  `chrono_t_max = e^3.5` is the middle of the tuned range `[e², e⁵]`.
+  lamb's l2 and clip are for its loss summed over the 70 steps of a window
+  and are converted (`keras_mogrifier.pipeline.units`): l2 2.5e-4 → 1.79e-6
+  per Σv² on every trainable variable, biases included; clip 10 → 10/70.
 """
 
 import copy
 import math
 
 from keras_mogrifier import _validation
+from keras_mogrifier.pipeline import units
+
+_ZAREMBA_T = 20  # main.lua: seq_length=20
+_LAMB_T = 70  # lamb PTB config: max_time_steps 70
 
 PRESETS = {
     "tiny": {
@@ -82,16 +97,14 @@ PRESETS = {
         },
         "training": {
             "batch_size": 20,
-            "sequence_length": 20,
+            "sequence_length": _ZAREMBA_T,
             "epochs": 13,
-            # Zaremba's loss is summed over the 20 time steps (mean over the
-            # batch): SGD at 1 with the gradient norm clipped at 5 on that
-            # loss is exactly SGD at 20 clipped at 5 / 20 on our per-token
-            # mean loss.
+            # main.lua: lr=1, max_grad_norm=5 on the loss summed over the
+            # 20 steps of a window (see `units`): SGD at 20, clip 0.25 here.
             "optimizer": "sgd",
-            "learning_rate": 20.0,
+            "learning_rate": units.summed_loss_learning_rate(1.0, _ZAREMBA_T),
             "halve_after_epoch": 4,
-            "global_clipnorm": 0.25,
+            "global_clipnorm": units.summed_loss_clipnorm(5.0, _ZAREMBA_T),
             "eval_batch_size": 20,
             "jit_compile": "auto",
         },
@@ -114,16 +127,20 @@ PRESETS = {
             "samples": 8,
             # B·D·T·V = 128·8·70·10k logits would be 2.9 GB in float32.
             "softmax_chunk_size": 1024,
-            "l2": 2.5e-4,
+            # lamb l2_penalty 2.5e-4 on its summed loss (lm.py 430-446).
+            "l2": units.summed_loss_l2(2.5e-4, _LAMB_T),
+            # lamb training.py feeds each stream's state zeroed w.p. 0.01.
+            "drop_state_probability": 0.01,
         },
         "training": {
             "batch_size": 128,
-            "sequence_length": 70,
+            "sequence_length": _LAMB_T,
             "epochs": 400,
             "optimizer": "radam",
             "learning_rate": 2.3e-3,
             "beta_1": 0.0,
-            "global_clipnorm": 10.0,
+            # lamb max_grad_norm 10 on its summed loss (lm.py 462).
+            "global_clipnorm": units.summed_loss_clipnorm(10.0, _LAMB_T),
             "two_tailed_averaging": True,
             "divergence_recovery": True,
             "eval_batch_size": 64,

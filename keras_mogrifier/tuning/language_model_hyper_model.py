@@ -11,6 +11,8 @@ from keras_mogrifier import _validation
 from keras_mogrifier.data.batching import StreamDataset
 from keras_mogrifier.models.language_model import LanguageModel
 from keras_mogrifier.pipeline import language_modeling
+from keras_mogrifier.pipeline.units import summed_loss_clipnorm
+from keras_mogrifier.pipeline.units import summed_loss_l2
 from keras_mogrifier.pipeline.presets import TRAINING_DEFAULTS
 from keras_mogrifier.tuning import search_space
 
@@ -27,12 +29,14 @@ _TRAINING_OWNED = ("batch_size", "sequence_length", "max_tokens", "eval_batch_si
 _TRAINING_KEYS = tuple(k for k in TRAINING_DEFAULTS if k not in _TRAINING_OWNED)
 _MODEL_KEYS = tuple(k for k in _MODEL_DEFAULTS if k not in _MODEL_OWNED)
 # The Mogrifier paper's optimiser (§3.3): Adam with β₁ = 0, gradients clipped
-# to norm 10. The rest are the pipeline's training defaults.
+# to norm 10 on lamb's loss summed over the T steps of a window, i.e. 10 / T
+# on the library's per-token mean (set per hypermodel from its T; see
+# `keras_mogrifier.pipeline.units`). The rest are the pipeline's defaults.
+LAMB_MAX_GRAD_NORM = 10.0
 HYPER_MODEL_TRAINING_DEFAULTS = {
     **{k: TRAINING_DEFAULTS[k] for k in _TRAINING_KEYS},
     "optimizer": "adam",
     "beta_1": 0.0,
-    "global_clipnorm": 10.0,
 }
 _DUAL_NAMES = ("dual_units", "dual_dropout")
 _MOGRIFIER_NAMES = ("mogrifier_rounds", "mogrifier_rank")
@@ -266,6 +270,9 @@ class LanguageModelHyperModel(keras_tuner.HyperModel):
                 values[key] = value
         model = {k: v for k, v in self.fixed.items() if k in _MODEL_KEYS}
         training = dict(HYPER_MODEL_TRAINING_DEFAULTS)
+        training["global_clipnorm"] = summed_loss_clipnorm(
+            LAMB_MAX_GRAD_NORM, self.sequence_length
+        )
         training.update({k: v for k, v in self.fixed.items() if k in _TRAINING_KEYS})
         training.update(
             batch_size=self.batch_size,
@@ -278,6 +285,9 @@ class LanguageModelHyperModel(keras_tuner.HyperModel):
                 continue  # inactive conditional hyperparameter
             if name == "learning_rate":
                 training["learning_rate"] = float(value)
+            elif name == "l2" and "l2" not in self.fixed:
+                # Table 4's l2_penalty is lamb's, on its summed loss.
+                model["l2"] = summed_loss_l2(float(value), self.sequence_length)
             elif name not in ("embedding_ratio", "mogrifier_rank"):
                 model[name] = value
         units = model.get("units", _MODEL_DEFAULTS["units"])

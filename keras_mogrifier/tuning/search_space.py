@@ -60,7 +60,9 @@ LANGUAGE_MODEL_SEARCH_SPACE = {
     "l2": {
         "type": "float", "min": 5e-6, "max": 1e-3, "sampling": "log",
         "default": 2.5e-4,
-        "source": f"{MOGRIFIER_TABLE_4}: l2_penalty 5e-6–1e-3, log",
+        "source": f"{MOGRIFIER_TABLE_4}: l2_penalty 5e-6–1e-3, log, in lamb's "
+        "units (on its loss summed over T steps, times Σ v²/2): the model gets "
+        "l2_penalty / (2T) (`keras_mogrifier.pipeline.units.summed_loss_l2`)",
     },
     "input_dropout": {
         "type": "float", "min": 0.0, "max": 0.9, "sampling": "linear",

@@ -243,3 +243,35 @@ def test_bad_ids():
     assert not model.built or weights is None
     with pytest.raises(ValueError, match=r"Expected token ids of shape \(batch, time\)"):
         LanguageModel(V, units=N, stateful=False)(np.zeros((2, 3, 4), "int32"))
+
+
+def test_drop_state_zeroes_whole_streams_in_training_only():
+    """lamb training.py 435-441: one Bernoulli(1 − p) draw per stream (row of
+    the batch × samples), multiplying every layer's h and c alike."""
+    batch = 16
+    model = LanguageModel(V, units=N, num_layers=2, cell="lstm", batch_size=batch,
+                          drop_state_probability=0.5, seed=3)
+    first = np.random.default_rng(0).integers(0, V, (batch, 5))
+    second = np.random.default_rng(1).integers(0, V, (batch, 4))
+    model(first)  # a carried state for every stream
+    carried = [to_numpy(v).copy() for v in model.recurrent_state_variables]
+    # What the second window gives from the carried state and from zero state
+    # (no dropout anywhere, so training=True differs only by the dropped state).
+    with_state = to_numpy(model(second))
+    for v, value in zip(model.recurrent_state_variables, carried):
+        v.assign(value)
+    model.reset_states()
+    from_zero = to_numpy(model(second))
+    for v, value in zip(model.recurrent_state_variables, carried):
+        v.assign(value)
+    dropped = to_numpy(model(second, training=True))
+    kept = [np.allclose(dropped[r], with_state[r], atol=1e-6) for r in range(batch)]
+    zeroed = [np.allclose(dropped[r], from_zero[r], atol=1e-6) for r in range(batch)]
+    assert all(k != z for k, z in zip(kept, zeroed))  # each row one or the other
+    assert 2 <= sum(zeroed) <= batch - 2  # p = 0.5 drops some, not all
+    # Evaluation never drops: the carried state is used.
+    for v, value in zip(model.recurrent_state_variables, carried):
+        v.assign(value)
+    np.testing.assert_allclose(to_numpy(model(second)), with_state, atol=1e-6)
+    with pytest.raises(ValueError, match="drop_state_probability"):
+        LanguageModel(V, drop_state_probability=1.5)

@@ -96,3 +96,38 @@ def keras_value(variable):
     import keras
 
     return keras.ops.convert_to_numpy(variable)
+
+
+def test_paper_preset_penalty_per_token_is_lambs_l2_penalty_over_2t():
+    """lamb/lm.py 430-446: loss = mean_batch Σ_t xe + l2_penalty · Σ_v Σv²/2.
+
+    Per token (÷ T) the penalty is l2_penalty / (2T) · Σv² over *every*
+    trainable variable, biases included.
+    """
+    import keras
+    import numpy as np
+
+    from keras_mogrifier.pipeline.language_modeling import build_language_model
+
+    config = get_preset("paper", model={"units": 24, "embedding_dim": 24, "mogrifier_rank": 4})
+    T = config["training"]["sequence_length"]
+    assert T == 70
+    model = build_language_model(50, config["model"], batch_size=2)
+    model(np.zeros((2, 3), "int32"))  # the regularisation losses of a call
+    squares = sum(
+        float(np.sum(keras.ops.convert_to_numpy(v).astype("float64") ** 2))
+        for v in model.trainable_variables
+    )
+    assert any("bias" in v.path for v in model.trainable_variables)
+    penalty = sum(float(keras.ops.convert_to_numpy(l)) for l in model.losses)
+    assert penalty == pytest.approx(2.5e-4 / (2 * T) * squares, rel=1e-5)
+
+
+def test_paper_preset_clips_lambs_norm_over_t_and_drops_state():
+    t = get_preset("paper")["training"]
+    m = get_preset("paper")["model"]
+    # lamb/lm.py 462: clip_by_global_norm(max_grad_norm=10) on the summed loss.
+    assert t["global_clipnorm"] == pytest.approx(10.0 / t["sequence_length"])
+    assert t["global_clipnorm"] == pytest.approx(0.142857, rel=1e-5)
+    # lamb training.py 435-441, released configs: drop_state_probability 0.01.
+    assert m["drop_state_probability"] == 0.01

@@ -94,10 +94,10 @@ def test_configuration_maps_hyperparameters_to_the_model(corpus):
     assert model["chrono_t_max"] == 20.0
     assert training["learning_rate"] == 3e-3
     assert (training["batch_size"], training["sequence_length"]) == (BATCH, WINDOW)
-    # The Mogrifier paper's optimiser: Adam with β₁ = 0, clipped at 10.
-    assert (training["optimizer"], training["beta_1"], training["global_clipnorm"]) == (
-        "adam", 0.0, 10.0
-    )
+    # The Mogrifier paper's optimiser: Adam with β₁ = 0, clipped at 10 on
+    # lamb's loss summed over the window, 10 / T on ours.
+    assert (training["optimizer"], training["beta_1"]) == ("adam", 0.0)
+    assert training["global_clipnorm"] == pytest.approx(10.0 / WINDOW)
 
     def mapped(**values):
         return hypermodel.configuration(values)["model"]
@@ -300,3 +300,17 @@ def test_diverging_trial_fails_and_the_search_goes_on(corpus, tmp_path):
     assert "diverged: non-finite training loss" in rows[0]["message"]
     assert best_configuration(tuner)["trial_id"] == rows[1]["trial_id"]
     assert "trial 0 FAILED: " in trials_table(tuner)
+
+
+def test_lambs_l2_and_clip_are_converted_to_the_hypermodels_window():
+    """Table 4's l2_penalty and the paper's clip 10 are on lamb's loss summed
+    over T steps (lamb/lm.py 430-446, 462): l2 / (2T) and 10 / T here."""
+    from keras_mogrifier.tuning import LanguageModelHyperModel
+
+    hypermodel = LanguageModelHyperModel(100, batch_size=4, sequence_length=35)
+    config = hypermodel.configuration({"l2": 7e-4})
+    assert config["model"]["l2"] == pytest.approx(7e-4 / 70)
+    assert config["training"]["global_clipnorm"] == pytest.approx(10 / 35)
+    # A fixed value is taken in the library's units, as given.
+    fixed = LanguageModelHyperModel(100, batch_size=4, sequence_length=35, fixed={"l2": 1e-6})
+    assert fixed.configuration({})["model"]["l2"] == 1e-6
