@@ -24,6 +24,7 @@ from keras_mogrifier.data.batching import StreamDataset
 from keras_mogrifier.evaluation.dynamic_evaluation_search import (
     search_dynamic_evaluation,
 )
+from keras_mogrifier.evaluation.divergence_error import DivergenceError
 from keras_mogrifier.evaluation.dynamic_evaluator import DynamicEvaluator
 from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.losses.iwae_dropout_loss import IWAEDropoutLoss
@@ -191,7 +192,9 @@ def dynamic_evaluation(
 
     Works on a copy of the model with one stream per batch row (the trained
     model is never touched). Gradient statistics come from the training
-    stream (batches of 100 streams × `segment_length`).
+    stream (batches of 100 streams × `segment_length`). Settings that diverge
+    are skipped (see `DivergenceError`): returns `None`, after saying why,
+    when every setting diverges, so no non-finite number is ever reported.
     """
     evaluation_model = model.with_options(batch_size=100, samples=1)
     evaluator = DynamicEvaluator(evaluation_model, segment_length=segment_length)
@@ -199,29 +202,52 @@ def dynamic_evaluation(
         corpus.train, steps=statistics_batches, batch_size=100
     )
     tuning = corpus.valid[: tuning_tokens + 1]
-    best = search_dynamic_evaluation(
-        evaluator,
-        tuning,
-        learning_rates=list(learning_rates),
-        decay_rates=list(decay_rates),
-        strategy="sequential",
-    )
+    try:
+        search = search_dynamic_evaluation(
+            evaluator,
+            tuning,
+            learning_rates=list(learning_rates),
+            decay_rates=list(decay_rates),
+            strategy="sequential",
+        )
+    except DivergenceError as error:
+        log(f"dynamic evaluation skipped: {error}")
+        return None
+    diverged = sum(1 for r in search["results"] if "diverged" in r)
     log(
-        f"dynamic evaluation tuned on {len(tuning) - 1} validation tokens: "
-        f"learning_rate={best['learning_rate']:g}, "
-        f"decay_rate={best['decay_rate']:g} "
-        f"(perplexity {best['perplexity']:.2f})"
+        f"dynamic evaluation tuned on {len(tuning) - 1} validation tokens "
+        f"({len(search['results'])} settings, {diverged} diverged): "
+        f"learning_rate={search['learning_rate']:g}, "
+        f"decay_rate={search['decay_rate']:g} "
+        f"(perplexity {search['perplexity']:.2f})"
     )
-    evaluator.learning_rate = best["learning_rate"]
-    evaluator.decay_rate = best["decay_rate"]
-    valid = evaluator.evaluate(corpus.valid, verbose=0)
-    test = evaluator.evaluate(corpus.test, verbose=0)
-    return {
-        "valid": valid,
-        "test": test,
-        "learning_rate": best["learning_rate"],
-        "decay_rate": best["decay_rate"],
-    }
+    # A setting tuned on a slice can still diverge further into a stream:
+    # then the next best one is used, and the run says so.
+    candidates = sorted(
+        (r for r in search["results"] if "diverged" not in r),
+        key=lambda r: r["loss"],
+    )
+    for candidate in candidates:
+        evaluator.learning_rate = candidate["learning_rate"]
+        evaluator.decay_rate = candidate["decay_rate"]
+        try:
+            valid = evaluator.evaluate(corpus.valid, verbose=0)
+            test = evaluator.evaluate(corpus.test, verbose=0)
+        except DivergenceError as error:
+            log(
+                f"  learning_rate={candidate['learning_rate']:g}, decay_rate="
+                f"{candidate['decay_rate']:g} diverged at token {error.token} of "
+                "a whole split; trying the next best setting"
+            )
+            continue
+        return {
+            "valid": valid,
+            "test": test,
+            "learning_rate": candidate["learning_rate"],
+            "decay_rate": candidate["decay_rate"],
+        }
+    log("dynamic evaluation skipped: every tuned setting diverged on a whole split")
+    return None
 
 
 def run_experiment(
@@ -341,9 +367,11 @@ def run_experiment(
         f"static: valid perplexity {valid['perplexity']:.2f}, "
         f"test perplexity {test['perplexity']:.2f}"
     )
+    dyn = None
     if dynamic:
         start = time.time()
         dyn = dynamic_evaluation(model, corpus, log=log, **(dynamic_options or {}))
+    if dyn is not None:
         results["valid_dynamic_perplexity"] = float(dyn["valid"]["perplexity"])
         results["test_dynamic_perplexity"] = float(dyn["test"]["perplexity"])
         results["dynamic_learning_rate"] = dyn["learning_rate"]

@@ -1,5 +1,7 @@
 """The full recipe runs end to end: RAdam, Two-Tailed Averaging, recovery, D samples."""
 
+import re
+
 import numpy as np
 
 from keras_mogrifier.data import synthetic_corpus
@@ -25,3 +27,36 @@ def test_paper_recipe_on_a_tiny_model():
         assert np.isfinite(results[key]) and 1 < results[key] < len(corpus.vocabulary) * 2
     assert 0.8 <= results["temperature"] <= 1.06
     assert any("epoch 1: validation perplexity" in line for line in logs)
+
+
+def test_dynamic_evaluation_step_reports_no_non_finite_number():
+    """Settings that diverge are skipped; when all do, the step says so."""
+    corpus = synthetic_corpus(train_tokens=3000, valid_tokens=300, test_tokens=300)
+    common = dict(
+        model_overrides={"units": 8, "embedding_dim": 8, "mogrifier_rounds": 1,
+                         "mogrifier_rank": 2, "num_layers": 1},
+        training_overrides={"epochs": 1, "batch_size": 4, "sequence_length": 10,
+                            "eval_batch_size": 4},
+        verbose=0,
+    )
+    logs = []
+    results = run_experiment(
+        corpus, "tiny", log=logs.append,
+        dynamic_options={"learning_rates": (1e37, 1e-4), "decay_rates": (2e-3,),
+                         "tuning_tokens": 100, "statistics_batches": 2},
+        **common,
+    )
+    assert "1 diverged" in "\n".join(logs)
+    assert np.isfinite(results["test_dynamic_perplexity"])
+    assert results["dynamic_learning_rate"] == 1e-4
+    logs = []
+    results = run_experiment(
+        corpus, "tiny", log=logs.append,
+        dynamic_options={"learning_rates": (1e37, 1e38), "decay_rates": (2e-3,),
+                         "tuning_tokens": 100, "statistics_batches": 2},
+        **common,
+    )
+    text = "\n".join(logs)
+    assert "dynamic evaluation skipped: Every dynamic-evaluation setting tried diverged" in text
+    assert "test_dynamic_perplexity" not in results
+    assert not re.search(r"\b(nan|inf)\b", text, flags=re.IGNORECASE)
