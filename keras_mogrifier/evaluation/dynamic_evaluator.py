@@ -1,6 +1,5 @@
 """Dynamic evaluation (Krause et al., 2018) with a fit-style API."""
 
-import math
 import numbers
 
 import keras
@@ -11,7 +10,7 @@ from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation import update_rules
-from keras_mogrifier.evaluation.divergence_error import DivergenceError
+from keras_mogrifier.evaluation._stream_scoring import score_stream
 
 ADAPTATION_KERNEL_NAME = "adaptation_kernel"
 NORMALIZERS = ("tensor_mean", "global_mean")
@@ -37,7 +36,15 @@ class DynamicEvaluator(keras.callbacks.Callback):
     of each variable's mean RMS (`normalizer="tensor_mean"`, as in Krause's
     released code) or the mean over all elements (`"global_mean"`, as in the
     Mogrifier authors' code). With `learning_rate=0` the result is exactly the
-    static evaluation; with `decay_rate=0` it is RMS-normalised SGD.
+    static evaluation; with `decay_rate=0` it is RMS-normalised SGD. This is
+    Krause et al.'s eq. 8 (`update_rule="rms_rms_prior"`); the simpler rules
+    of their ablation are `"rms_global_prior"` (eq. 6, the decay
+    `λ (θ_g − θ)` for every element alike) and `"sgd"` (eq. 4,
+    `θ − η g + λ (θ_g − θ)`, which needs no gradient statistics; eq. 2 with
+    `decay_rate=0`, Mikolov's traditional dynamic evaluation with
+    `segment_length=1` as well); see `update_rules`. An element without
+    gradient statistics takes its tensor's mean RMS (see `docs/`), and a
+    segment whose loss is not finite stops the pass (`DivergenceError`).
 
     The model maps token ids `(batch, time)` to logits `(batch, time, vocab)`;
     the evaluator computes the sparse cross-entropy from the logits itself,
@@ -76,6 +83,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
             Defaults to `5`.
         normalizer: str. `"tensor_mean"` or `"global_mean"`, how `mean(RMS)` is
             taken. Defaults to `"tensor_mean"`.
+        update_rule: str. `"rms_rms_prior"` (eq. 8), `"rms_global_prior"`
+            (eq. 6) or `"sgd"` (eq. 4, no statistics needed). Defaults to
+            `"rms_rms_prior"`.
         variables: `None`, a list of the model's variables, or a callable
             `variable -> bool` applied to `model.variables`: the adapted
             variables. Defaults to `None`, `model.trainable_variables`.
@@ -137,6 +147,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         epsilon=2e-5,
         segment_length=5,
         normalizer="tensor_mean",
+        update_rule="rms_rms_prior",
         variables=None,
         sparse=False,
         vocabulary_size=None,
@@ -191,6 +202,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self.epsilon = epsilon
         self.segment_length = segment_length
         self.normalizer = normalizer
+        self.update_rule = update_rule
         self.variables = variables
         self.sparse = sparse
         self.vocabulary_size = vocabulary_size
@@ -242,6 +254,14 @@ class DynamicEvaluator(keras.callbacks.Callback):
     @segment_length.setter
     def segment_length(self, value):
         self._segment_length = _validation.positive_int("segment_length", value)
+
+    @property
+    def update_rule(self):
+        return self._update_rule
+
+    @update_rule.setter
+    def update_rule(self, value):
+        self._update_rule = _validation.one_of("update_rule", value, update_rules.UPDATE_RULES)
 
     @property
     def normalizer(self):
@@ -493,15 +513,24 @@ class DynamicEvaluator(keras.callbacks.Callback):
         stream_size = _per_stream_size(model)
         if adapt:
             variables = self.adapted_variables()
-            if self._statistics is None or [id(v) for v in self._statistics[0]] != [
-                id(v) for v in variables
-            ]:
-                raise ValueError(
-                    "Expected gradient statistics of the adapted variables: call "
-                    "`collect_gradient_statistics(training_data)` (or set "
-                    "`gradient_statistics`) before `evaluate`. Received none."
+            if update_rules.NEEDS_STATISTICS[self.update_rule]:
+                if self._statistics is None or [
+                    id(v) for v in self._statistics[0]
+                ] != [id(v) for v in variables]:
+                    raise ValueError(
+                        "Expected gradient statistics of the adapted variables "
+                        f"(update_rule={self.update_rule!r} divides by their "
+                        "RMS): call `collect_gradient_statistics(training_data)` "
+                        "(or set `gradient_statistics`) before `evaluate`. "
+                        "Received none."
+                    )
+                rms, hyperparameters = self._update_terms()
+            else:
+                # The rule reads no statistics: placeholders of the right shapes.
+                rms = [ops.zeros(v.shape, "float32") for v in variables]
+                hyperparameters = ops.convert_to_tensor(
+                    [self.learning_rate, self.epsilon, self.decay_rate, 1.0], "float32"
                 )
-            rms, hyperparameters = self._update_terms()
             if not all(_is_per_stream(v) for v in variables):
                 if batch_size not in (None, 1):
                     raise ValueError(
@@ -519,111 +548,64 @@ class DynamicEvaluator(keras.callbacks.Callback):
             )
         self._check_batch(model, batch_size, "`batch_size`")
 
-        n = self.segment_length
-        num_streams, time = streams.shape
-        predicted = time - 1
-        num_segments = -(-predicted // n)
-        num_groups = -(-num_streams // batch_size)
-        padded_streams = num_groups * batch_size
-        inputs = np.zeros((padded_streams, num_segments * n), "int32")
-        targets = np.zeros_like(inputs)
-        weights = np.zeros(inputs.shape, "float32")
-        inputs[:num_streams, :predicted] = streams[:, :-1]
-        targets[:num_streams, :predicted] = streams[:, 1:]
-        weights[:num_streams, :predicted] = 1.0
-        # Padding streams (a short last group) repeat the first stream at
-        # weight 0, so that they run like real text but count for nothing.
-        inputs[num_streams:, :predicted] = streams[0, :-1]
-        targets[num_streams:, :predicted] = streams[0, 1:]
-        # Tokens counted after each segment of a group, for the running logs.
-        seen_per_segment = np.minimum(np.arange(1, num_segments + 1) * n, predicted)
+        settings = self.settings()
+        if not adapt:
+            forward_step = self._step("forward", [])
 
-        if adapt:
+            def score_segment(x, y, w, group, segment):
+                return _numpy(forward_step(ops.convert_to_tensor(x), ops.convert_to_tensor(y)))
+
+            results, token_losses = score_stream(
+                model, streams, batch_size, self.segment_length, score_segment,
+                callbacks=callbacks, verbose=verbose,
+                stop_on_divergence=stop_on_divergence, settings=settings,
+            )
+        else:
             gradient_step = self._step("gradients", variables)
             update = self._step("update", variables)
-        else:
-            forward_step = self._step("forward", [])
-        states = _recurrent_state.state_variables(model)
-        callback_list = keras.callbacks.CallbackList(
-            callbacks,
-            add_progbar=verbose != 0,
-            model=model,
-            verbose=verbose,
-            epochs=1,
-            steps=num_groups * num_segments,
-        )
-        report = bool(callback_list.callbacks)
+            theta_g = _recurrent_state.snapshot(variables)
 
-        theta_g = _recurrent_state.snapshot(variables)
-        saved_states = _recurrent_state.snapshot(states)
-        losses = []
-        loss_sum, tokens_done = 0.0, 0
-        try:
-            callback_list.on_test_begin()
-            for group in range(num_groups):
-                rows = slice(group * batch_size, (group + 1) * batch_size)
-                group_tokens = min(batch_size, num_streams - group * batch_size)
+            def start_group(group):
+                # Every stream (group of streams) starts from θ_g.
                 if group > 0:
                     _recurrent_state.assign(variables, theta_g)
-                _recurrent_state.reset(states)
-                for s in range(num_segments):
-                    index = group * num_segments + s
-                    callback_list.on_test_batch_begin(index)
-                    columns = slice(s * n, (s + 1) * n)
-                    x = ops.convert_to_tensor(inputs[rows, columns])
-                    y = ops.convert_to_tensor(targets[rows, columns])
-                    w = weights[rows, columns]
-                    if adapt:
-                        # Each stream's mean segment loss; their sum is the
-                        # objective, so a per-stream matrix gets its own
-                        # stream's gradient.
-                        v = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
-                        token_losses, gradients = gradient_step(
-                            x, y, ops.convert_to_tensor(v)
-                        )
-                        thetas = [ops.convert_to_tensor(v.value) for v in variables]
-                        new = update(thetas, gradients, theta_g, rms, hyperparameters)
-                        for variable, value in zip(variables, new):
-                            variable.assign(value)
-                    else:
-                        token_losses = forward_step(x, y)
-                    segment_losses = _numpy(token_losses) * w
-                    if stop_on_divergence and not np.all(np.isfinite(segment_losses)):
-                        raise self._divergence(
-                            segment_losses, group, batch_size, s, n,
-                            tokens_done + group_tokens * s * n,
-                        )
-                    losses.append(segment_losses)
-                    if report:
-                        loss_sum += float(np.sum(segment_losses, dtype="float64"))
-                        seen = tokens_done + group_tokens * int(seen_per_segment[s])
-                        running = loss_sum / seen
-                        callback_list.on_test_batch_end(
-                            index, {"loss": running, "perplexity": _safe_exp(running)}
-                        )
-                tokens_done += group_tokens * predicted
-        finally:
-            _recurrent_state.assign(variables, theta_g)
-            _recurrent_state.assign(states, saved_states)
 
-        per_group = []
-        for g in range(num_groups):
-            segments = losses[g * num_segments : (g + 1) * num_segments]
-            per_group.append(np.concatenate(segments, axis=1))
-        token_losses = np.concatenate(per_group, axis=0)[:num_streams, :predicted]
-        loss = float(np.sum(token_losses, dtype="float64") / token_losses.size)
-        results = {
-            "loss": loss,
-            "perplexity": _safe_exp(loss),
-            "bits_per_token": loss / math.log(2.0),
-            "num_tokens": int(token_losses.size),
-        }
-        callback_list.on_test_end(
-            {k: results[k] for k in ("loss", "perplexity", "bits_per_token")}
-        )
+            def score_segment(x, y, w, group, segment):
+                # Each stream's mean segment loss; their sum is the objective,
+                # so a per-stream matrix gets its own stream's gradient.
+                v = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
+                token_losses, gradients = gradient_step(
+                    ops.convert_to_tensor(x), ops.convert_to_tensor(y),
+                    ops.convert_to_tensor(v),
+                )
+                thetas = [ops.convert_to_tensor(v.value) for v in variables]
+                new = update(thetas, gradients, theta_g, rms, hyperparameters)
+                for variable, value in zip(variables, new):
+                    variable.assign(value)
+                return _numpy(token_losses)
+
+            try:
+                results, token_losses = score_stream(
+                    model, streams, batch_size, self.segment_length, score_segment,
+                    start_group=start_group, callbacks=callbacks, verbose=verbose,
+                    stop_on_divergence=stop_on_divergence, settings=settings,
+                )
+            finally:
+                _recurrent_state.assign(variables, theta_g)
         if return_token_losses:
             results["token_losses"] = token_losses
         return results
+
+    def settings(self):
+        """The evaluator's hyperparameters as a dict (what a report names)."""
+        return {
+            "update_rule": self.update_rule,
+            "learning_rate": self.learning_rate,
+            "decay_rate": self.decay_rate,
+            "epsilon": self.epsilon,
+            "segment_length": self.segment_length,
+            "normalizer": self.normalizer,
+        }
 
     # === Callback ===
 
@@ -720,24 +702,6 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self._check_batch(model, x.shape[0], "the batch size of `data`")
         return x, y, w
 
-    def _divergence(self, segment_losses, group, batch_size, segment, n, scored):
-        row, column = np.argwhere(~np.isfinite(segment_losses))[0]
-        settings = {
-            "learning_rate": self.learning_rate,
-            "decay_rate": self.decay_rate,
-            "epsilon": self.epsilon,
-            "segment_length": self.segment_length,
-            "normalizer": self.normalizer,
-        }
-        return DivergenceError.at(
-            stream=int(group * batch_size + row),
-            token=int(segment * n + column + 1),
-            segment=int(segment),
-            loss=float(segment_losses[row, column]),
-            settings=settings,
-            tokens_scored=int(scored),
-        )
-
     def _update_terms(self):
         """The RMS each variable is updated with, and `[η, ε, λ, mean(RMS)]`.
 
@@ -790,7 +754,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         jit = self.jit_compile
         if jit == "auto":
             jit = self._backend.default_jit_compile(model)
-        key = (kind, tuple(id(v) for v in variables), jit)
+        key = (kind, tuple(id(v) for v in variables), jit, self.update_rule)
         if key in self._steps:
             return self._steps[key]
         backend = self._backend
@@ -806,7 +770,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
 
             built = backend.model_gradients(model, variables, objective, jit)
         elif kind == "update":
-            rule = update_rules.rms_rms_prior
+            rule = update_rules.get(self.update_rule)
 
             def update(thetas, gradients, theta_g, rms, hyperparameters):
                 return [
@@ -960,10 +924,3 @@ def _as_training_stream(data):
             f"`(x, y)` batches. Received: {type(data).__name__}"
         )
     return None
-
-
-def _safe_exp(value):
-    try:
-        return math.exp(value)
-    except OverflowError:
-        return float("inf")

@@ -436,7 +436,7 @@ class LanguageModel(keras.Model):
 
     # === Forward pass ===
 
-    def call(self, inputs, training=False):
+    def call(self, inputs, training=False, return_features=False):
         ids = ops.cast(inputs, "int32")
         multi_sample = bool(training) and self.samples > 1
         if multi_sample:
@@ -481,18 +481,42 @@ class LanguageModel(keras.Model):
         if bool(training) and self.softmax_chunk_size is not None:
             # The softmax runs chunk by chunk in `compute_loss`.
             return self._sample_axis(x, batch) if multi_sample else x
+        logits = self._logits(x, training)
+        if multi_sample:
+            x = self._sample_axis(x, batch)
+            logits = self._sample_axis(logits, batch)
+        if return_features:
+            return x, logits
+        return logits
+
+    def _logits(self, features, training):
         if self.output_layer is not None:
-            logits = self.output_layer(x)
+            logits = self.output_layer(features)
         else:
-            table = ops.cast(self.embedding.embeddings, x.dtype)
-            logits = ops.matmul(x, ops.transpose(table))
-            logits = logits + ops.cast(self.output_bias, x.dtype)
+            table = ops.cast(self.embedding.embeddings, features.dtype)
+            logits = ops.matmul(features, ops.transpose(table))
+            logits = logits + ops.cast(self.output_bias, features.dtype)
         logits = ops.cast(logits, "float32")
         if not training:
             logits = logits * self.temperature_variable
-        if multi_sample:
-            logits = self._sample_axis(logits, batch)
         return logits
+
+    def features_and_logits(self, inputs, training=False):
+        """The softmax layer's input features and the logits of `inputs`.
+
+        The features are the vectors the output layer reads (after the Dual
+        head, output dropout and the tied-embedding projection), of width
+        `softmax_width`; the logits are what `model(inputs)` returns
+        (temperature applied at inference). The carried state advances as in
+        an ordinary call. Used by `NeuralCache`, whose keys are these
+        vectors.
+
+        Returns:
+            A tuple `(features, logits)`: `(batch, time, softmax_width)` and
+            `(batch, time, vocabulary_size)` (with a sample axis after the
+            batch axis when training with D > 1 samples).
+        """
+        return self(inputs, training=training, return_features=True)
 
     def _read_state(self, variable, rows):
         # The carried state enters the graph as a copy of the variable's

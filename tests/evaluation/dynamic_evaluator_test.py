@@ -166,8 +166,15 @@ class RaiseAt(keras.callbacks.Callback):
             raise self.error
 
 
-def reference_dynamic_evaluation(model, stream, n, statistics, lr, lam, eps, normalizer):
-    """Krause's rule by hand: eager tape, float64 NumPy update."""
+def reference_dynamic_evaluation(
+    model, stream, n, statistics, lr, lam, eps, normalizer, rule="rms_rms_prior"
+):
+    """Krause's rules by hand: eager gradients, float64 NumPy update.
+
+    eq. 8 `rms_rms_prior`: θ − η g/(RMS+ε) + min(1, λ RMS/mean RMS)(θ_g − θ);
+    eq. 6 `rms_global_prior`: θ − η g/(RMS+ε) + λ (θ_g − θ);
+    eq. 4 `sgd`: θ − η g + λ (θ_g − θ).
+    """
     variables = model.trainable_variables
     theta_g = [to_numpy(v).astype("float64") for v in variables]
     rms = [np.sqrt(statistics[v.path].astype("float64")) for v in variables]
@@ -175,7 +182,12 @@ def reference_dynamic_evaluation(model, stream, n, statistics, lr, lam, eps, nor
         mean_rms = np.mean([r.mean() for r in rms])
     else:
         mean_rms = np.concatenate([r.ravel() for r in rms]).mean()
-    decay = [np.minimum(1.0, lam * r / mean_rms) for r in rms]
+    if rule == "rms_rms_prior":
+        decay = [np.minimum(1.0, lam * r / mean_rms) for r in rms]
+    else:
+        decay = [np.full(r.shape, lam) for r in rms]
+    if rule == "sgd":
+        rms, eps = [np.ones(r.shape) for r in rms], 0.0  # g / (1 + 0) = g
     reset_state(model)
     x, y = stream[:-1], stream[1:]
     token_losses, weights_after = [], []
@@ -194,6 +206,65 @@ def reference_dynamic_evaluation(model, stream, n, statistics, lr, lam, eps, nor
 
 
 # === The update rule ===
+
+
+@pytest.mark.parametrize("rule", ["sgd", "rms_global_prior", "rms_rms_prior"])
+def test_each_update_rule_matches_its_equation_over_several_segments(rule):
+    model = lstm_model()
+    stream = np.random.default_rng(11).integers(0, VOCAB, 16)  # 15 predicted: 5, 5, 5
+    lr = 0.05 if rule == "sgd" else 1e-4
+    ev = DynamicEvaluator(
+        model, learning_rate=lr, decay_rate=0.3, epsilon=1e-3, segment_length=5,
+        update_rule=rule,
+    )
+    if rule == "sgd":
+        statistics = {v.path: np.ones(v.shape) for v in model.trainable_variables}
+    else:
+        ev.gradient_statistics = statistics = random_statistics(model.trainable_variables)
+    before = weight_values(model)
+    capture = testing.CaptureVariables(model.trainable_variables)
+    result = ev.evaluate(stream, callbacks=[capture], verbose=0, return_token_losses=True)
+    assert_same(weight_values(model), before)  # trained weights restored
+    expected_losses, expected_weights, _ = reference_dynamic_evaluation(
+        model, stream, 5, statistics, lr, 0.3, 1e-3, "tensor_mean", rule=rule
+    )
+    for actual, expected in zip(capture.after_segment, expected_weights):
+        for a, e in zip(actual, expected):
+            np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(result["token_losses"][0], expected_losses, rtol=1e-5)
+    # The rules differ: the same setting under another rule moves elsewhere.
+    other = "rms_rms_prior" if rule != "rms_rms_prior" else "rms_global_prior"
+    _, other_weights, _ = reference_dynamic_evaluation(
+        model, stream, 5, statistics, lr, 0.3, 1e-3, "tensor_mean", rule=other
+    )
+    assert not all(
+        np.allclose(a, e, rtol=2e-5, atol=2e-6)
+        for a, e in zip(capture.after_segment[-1], other_weights[-1])
+    )
+
+
+@pytest.mark.parametrize("rule", ["sgd", "rms_global_prior", "rms_rms_prior"])
+def test_zero_learning_rate_is_static_for_every_rule(rule):
+    model = lstm_model()
+    stream = np.random.default_rng(12).integers(0, VOCAB, 18)
+    ev = DynamicEvaluator(model, learning_rate=0.0, decay_rate=0.5, update_rule=rule)
+    if rule != "sgd":
+        ev.gradient_statistics = random_statistics(model.trainable_variables)
+    dynamic = ev.evaluate(stream, verbose=0, return_token_losses=True)
+    static = ev.evaluate(stream, verbose=0, adapt=False, return_token_losses=True)
+    np.testing.assert_array_equal(dynamic["token_losses"], static["token_losses"])
+
+
+def test_sgd_needs_no_statistics_and_the_rms_rules_do():
+    model = lstm_model()
+    stream = np.random.default_rng(13).integers(0, VOCAB, 12)
+    ev = DynamicEvaluator(model, learning_rate=0.1, update_rule="sgd")
+    assert np.isfinite(ev.evaluate(stream, verbose=0)["loss"])
+    ev.update_rule = "rms_global_prior"
+    with pytest.raises(ValueError, match="update_rule='rms_global_prior'.*collect_gradient_statistics"):
+        ev.evaluate(stream, verbose=0)
+    with pytest.raises(ValueError, match="update_rule"):
+        DynamicEvaluator(model, update_rule="adam")
 
 
 @pytest.mark.parametrize(

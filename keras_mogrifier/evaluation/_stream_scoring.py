@@ -1,0 +1,154 @@
+"""Scoring token streams segment by segment: what every test-time method shares.
+
+Dynamic evaluation (`DynamicEvaluator`) and the neural cache (`NeuralCache`)
+read a stream in the same order — segments of n predicted tokens, the
+recurrent state carried from segment to segment, a progress bar and
+callbacks, the same report — and differ only in what they do with a segment.
+`score_stream` is that common loop; each method passes a `score_segment`
+function.
+"""
+
+import math
+
+import keras
+import numpy as np
+
+from keras_mogrifier.evaluation import _recurrent_state
+from keras_mogrifier.evaluation.divergence_error import DivergenceError
+
+
+def score_stream(
+    model,
+    streams,
+    batch_size,
+    segment_length,
+    score_segment,
+    start_group=None,
+    callbacks=None,
+    verbose=0,
+    stop_on_divergence=True,
+    settings=None,
+):
+    """Scores `streams` segment by segment and returns the report.
+
+    Args:
+        model: the model whose recurrent state variables are carried from
+            segment to segment, reset at the start of every group of streams
+            and restored afterwards (also after an error).
+        streams: int32 array `(streams, time)`; `x[:, 1:]` are predicted.
+        batch_size: int. Streams scored at once (a short last group is padded
+            with copies of the first stream at weight 0).
+        segment_length: int. n, predicted tokens per segment (the last one is
+            padded at weight 0).
+        score_segment: `f(x, y, w, group, segment) -> token losses`, a
+            `(batch_size, n)` array of the loss of every token of the
+            segment (`x`, `y` int32 and `w` float32 NumPy arrays of that shape,
+            `w` 0 for padding).
+        start_group: `f(group)` or None, called before a group's first
+            segment (after its state reset).
+        callbacks: list of `keras.callbacks.Callback` or None: they get
+            `on_test_begin`, `on_test_batch_begin/end` (one batch per segment,
+            logs with the running `loss` and `perplexity`) and `on_test_end`.
+        verbose: 0, 1 or 2: Keras's progress bar (with an ETA).
+        stop_on_divergence: bool. Raise `DivergenceError` at the first segment
+            whose loss is not finite.
+        settings: dict or None. Named in a `DivergenceError`.
+
+    Returns:
+        `(report, token_losses)`: the report holds `loss` (token-weighted mean
+        nats), `perplexity`, `bits_per_token` and `num_tokens`;
+        `token_losses` is float32 `(streams, time - 1)`.
+    """
+    n = segment_length
+    num_streams, time = streams.shape
+    predicted = time - 1
+    num_segments = -(-predicted // n)
+    num_groups = -(-num_streams // batch_size)
+    inputs = np.zeros((num_groups * batch_size, num_segments * n), "int32")
+    targets = np.zeros_like(inputs)
+    weights = np.zeros(inputs.shape, "float32")
+    inputs[:num_streams, :predicted] = streams[:, :-1]
+    targets[:num_streams, :predicted] = streams[:, 1:]
+    weights[:num_streams, :predicted] = 1.0
+    # Padding streams repeat the first stream at weight 0: they run like real
+    # text but count for nothing.
+    inputs[num_streams:, :predicted] = streams[0, :-1]
+    targets[num_streams:, :predicted] = streams[0, 1:]
+    # Tokens counted after each segment of a group, for the running logs.
+    seen_per_segment = np.minimum(np.arange(1, num_segments + 1) * n, predicted)
+
+    states = _recurrent_state.state_variables(model)
+    callback_list = keras.callbacks.CallbackList(
+        callbacks,
+        add_progbar=verbose != 0,
+        model=model,
+        verbose=verbose,
+        epochs=1,
+        steps=num_groups * num_segments,
+    )
+    report = bool(callback_list.callbacks)
+    saved_states = _recurrent_state.snapshot(states)
+    losses = []
+    loss_sum, tokens_done = 0.0, 0
+    try:
+        callback_list.on_test_begin()
+        for group in range(num_groups):
+            rows = slice(group * batch_size, (group + 1) * batch_size)
+            group_tokens = min(batch_size, num_streams - group * batch_size)
+            _recurrent_state.reset(states)
+            if start_group is not None:
+                start_group(group)
+            for s in range(num_segments):
+                index = group * num_segments + s
+                callback_list.on_test_batch_begin(index)
+                columns = slice(s * n, (s + 1) * n)
+                w = weights[rows, columns]
+                token_losses = score_segment(
+                    inputs[rows, columns], targets[rows, columns], w, group, s
+                )
+                segment_losses = np.asarray(token_losses, "float32") * w
+                if stop_on_divergence and not np.all(np.isfinite(segment_losses)):
+                    row, column = np.argwhere(~np.isfinite(segment_losses))[0]
+                    raise DivergenceError.at(
+                        stream=int(group * batch_size + row),
+                        token=int(s * n + column + 1),
+                        segment=int(s),
+                        loss=float(segment_losses[row, column]),
+                        settings=settings or {},
+                        tokens_scored=int(tokens_done + group_tokens * s * n),
+                    )
+                losses.append(segment_losses)
+                if report:
+                    loss_sum += float(np.sum(segment_losses, dtype="float64"))
+                    seen = tokens_done + group_tokens * int(seen_per_segment[s])
+                    running = loss_sum / seen
+                    callback_list.on_test_batch_end(
+                        index, {"loss": running, "perplexity": safe_exp(running)}
+                    )
+            tokens_done += group_tokens * predicted
+    finally:
+        _recurrent_state.assign(states, saved_states)
+
+    per_group = [
+        np.concatenate(losses[g * num_segments : (g + 1) * num_segments], axis=1)
+        for g in range(num_groups)
+    ]
+    token_losses = np.concatenate(per_group, axis=0)[:num_streams, :predicted]
+    loss = float(np.sum(token_losses, dtype="float64") / token_losses.size)
+    results = {
+        "loss": loss,
+        "perplexity": safe_exp(loss),
+        "bits_per_token": loss / math.log(2.0),
+        "num_tokens": int(token_losses.size),
+    }
+    callback_list.on_test_end(
+        {k: results[k] for k in ("loss", "perplexity", "bits_per_token")}
+    )
+    return results, token_losses
+
+
+def safe_exp(value):
+    try:
+        return math.exp(value)
+    except OverflowError:
+        return float("inf")
