@@ -191,7 +191,8 @@ class DynamicEvaluator(keras.callbacks.Callback):
         _check_verbose(verbose)
         if validation_data is not None:
             _as_streams(validation_data, "validation_data", vocabulary_size)
-            if gradient_data is None:
+            needs = update_rules.NEEDS_STATISTICS.get(update_rule, True)
+            if gradient_data is None and needs:
                 raise ValueError(
                     "Expected `gradient_data` (training data for the gradient "
                     "statistics) when `validation_data` is given. "
@@ -617,11 +618,12 @@ class DynamicEvaluator(keras.callbacks.Callback):
         periodic = self.frequency is not None and (epoch + 1) % self.frequency == 0
         if not (last or periodic):
             return
-        self.collect_gradient_statistics(
-            self.gradient_data,
-            steps=self.gradient_steps,
-            batch_size=self.gradient_batch_size,
-        )
+        if update_rules.NEEDS_STATISTICS[self.update_rule]:
+            self.collect_gradient_statistics(
+                self.gradient_data,
+                steps=self.gradient_steps,
+                batch_size=self.gradient_batch_size,
+            )
         results = self.evaluate(
             self.validation_data,
             batch_size=self.validation_batch_size,

@@ -15,6 +15,7 @@ from keras_mogrifier.tuning.dynamic_evaluation_tuner import DynamicEvaluationTun
 from keras_mogrifier.tuning.language_model_hyper_model import LANGUAGE_MODEL_OBJECTIVE
 from keras_mogrifier.tuning.language_model_hyper_model import LanguageModelHyperModel
 from keras_mogrifier.tuning.search_space import DYNAMIC_EVALUATION_SEARCH_SPACE
+from keras_mogrifier.tuning.search_space import DYNAMIC_EVALUATION_SEARCH_SPACES
 from keras_mogrifier.tuning.search_space import LANGUAGE_MODEL_SEARCH_SPACE
 from keras_mogrifier.tuning.search_space import search_space_table
 from keras_mogrifier.tuning.search_failed_error import SearchFailedError
@@ -29,6 +30,7 @@ from keras_mogrifier.tuning.tuners import trials_table
 __all__ = [
     "DYNAMIC_EVALUATION_OBJECTIVE",
     "DYNAMIC_EVALUATION_SEARCH_SPACE",
+    "DYNAMIC_EVALUATION_SEARCH_SPACES",
     "DynamicEvaluationTuner",
     "LANGUAGE_MODEL_OBJECTIVE",
     "LANGUAGE_MODEL_SEARCH_SPACE",

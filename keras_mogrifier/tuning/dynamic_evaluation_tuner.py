@@ -12,6 +12,8 @@ import numpy as np
 from keras_mogrifier import _validation
 from keras_mogrifier.evaluation.divergence_error import DivergenceError
 from keras_mogrifier.evaluation.dynamic_evaluator import NORMALIZERS
+from keras_mogrifier.evaluation.update_rules import NEEDS_STATISTICS
+from keras_mogrifier.evaluation.update_rules import UPDATE_RULES
 from keras_mogrifier.evaluation.dynamic_evaluator import DynamicEvaluator
 from keras_mogrifier.tuning import search_space
 from keras_mogrifier.tuning.tuners import MAX_CONSECUTIVE_FAILED_TRIALS
@@ -36,11 +38,12 @@ _NO_MODELS = (
 class _DynamicEvaluationSpace(keras_tuner.HyperModel):
     """Declares the dynamic-evaluation space; `build` returns the values."""
 
-    def __init__(self, space, fixed, loss_reduction):
+    def __init__(self, space, fixed, loss_reduction, update_rule="rms_rms_prior"):
         super().__init__(name="dynamic_evaluation")
         self.search_space = space
         self.fixed = fixed
         self.loss_reduction = loss_reduction
+        self.update_rule = update_rule
 
     def build(self, hp):
         values = {
@@ -57,13 +60,13 @@ class _DynamicEvaluationSpace(keras_tuner.HyperModel):
             hp = keras_tuner.HyperParameters()
             hp.values.update(values)
         values = self.build(hp)
-        settings = {
-            name: values.get(name, spec["default"])
-            for name, spec in search_space.DYNAMIC_EVALUATION_SEARCH_SPACE.items()
-        }
+        space = search_space.DYNAMIC_EVALUATION_SEARCH_SPACES[self.update_rule]
+        settings = {name: values.get(name, spec["default"]) for name, spec in space.items()}
         n = settings["segment_length"] = int(settings["segment_length"])
         settings["learning_rate"] = float(settings["learning_rate"])
         settings["decay_rate"] = float(settings["decay_rate"])
+        if "epsilon" not in space:
+            return settings  # the rule has no ε (plain SGD)
         settings["epsilon"] = float(settings["epsilon"])
         if self.loss_reduction == "sum":
             # lamb's gradient and RMS are of the loss summed over the n steps
@@ -145,6 +148,11 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
             above): the units of the searched values. Defaults to `"mean"`.
         normalizer: `"global_mean"` or `"tensor_mean"`, as in
             `DynamicEvaluator`. Defaults to `"global_mean"`.
+        update_rule: str. The `DynamicEvaluator` rule searched:
+            `"rms_rms_prior"` (eq. 8), `"rms_global_prior"` (eq. 6) or
+            `"sgd"` (eq. 4; no ε and no gradient statistics), each with its
+            default space (`DYNAMIC_EVALUATION_SEARCH_SPACES`). Defaults to
+            `"rms_rms_prior"`.
         statistics_batch_size: int. Streams per batch of the statistics pass.
             Defaults to `100`.
         statistics_tokens: int or None. Training tokens the statistics are
@@ -198,6 +206,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         fixed=None,
         loss_reduction="mean",
         normalizer="global_mean",
+        update_rule="rms_rms_prior",
         statistics_batch_size=100,
         statistics_tokens=None,
         max_loss="auto",
@@ -220,6 +229,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         gradient_data = _token_stream("gradient_data", gradient_data)
         loss_reduction = _validation.one_of("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
         normalizer = _validation.one_of("normalizer", normalizer, NORMALIZERS)
+        update_rule = _validation.one_of("update_rule", update_rule, UPDATE_RULES)
         statistics_batch_size = _validation.positive_int(
             "statistics_batch_size", statistics_batch_size
         )
@@ -233,7 +243,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
             max_loss = _validation.positive_float("max_loss", max_loss)
         fixed = dict(fixed or {})
         ranges = dict(ranges or {})
-        names = search_space.DYNAMIC_EVALUATION_SEARCH_SPACE
+        names = search_space.DYNAMIC_EVALUATION_SEARCH_SPACES[update_rule]
         unknown = sorted(set(fixed) - set(names))
         if unknown:
             raise ValueError(
@@ -293,6 +303,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         self.gradient_data = gradient_data
         self.loss_reduction = loss_reduction
         self.normalizer = normalizer
+        self.update_rule = update_rule
         self.statistics_batch_size = statistics_batch_size
         self.statistics_tokens = statistics_tokens
         self.max_loss = max_loss
@@ -302,7 +313,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         self._evaluator = None
         super().__init__(
             oracle=oracle,
-            hypermodel=_DynamicEvaluationSpace(space, fixed, loss_reduction),
+            hypermodel=_DynamicEvaluationSpace(space, fixed, loss_reduction, update_rule),
             directory=directory,
             project_name=project_name or "dynamic_evaluation",
             overwrite=overwrite,
@@ -335,10 +346,12 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         evaluator = self.evaluator
         n = settings["segment_length"]
         evaluator.segment_length = n
-        evaluator.gradient_statistics = self._statistics_for(n)
+        evaluator.update_rule = self.update_rule
+        if NEEDS_STATISTICS[self.update_rule]:
+            evaluator.gradient_statistics = self._statistics_for(n)
+            evaluator.epsilon = settings["epsilon"]
         evaluator.learning_rate = settings["learning_rate"]
         evaluator.decay_rate = settings["decay_rate"]
-        evaluator.epsilon = settings["epsilon"]
         return evaluator
 
     def _statistics_for(self, n):

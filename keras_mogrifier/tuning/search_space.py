@@ -167,6 +167,31 @@ DYNAMIC_EVALUATION_SEARCH_SPACE = {
     },
 }
 
+# One default space per update rule of `DynamicEvaluator` (Krause et al.'s
+# ladder, `keras_mogrifier.evaluation.update_rules`), in the library's units.
+# The RMS rules share Table 6's box (converted above); eq. 6 reads λ as the
+# fraction of (θ_g − θ) restored per segment, everywhere alike, for which the
+# same 1e-6–1e-2 is the natural range (eq. 8's min(1, λ·RMS/mean RMS) is that
+# fraction for an element of average RMS). Plain SGD (eq. 4; eq. 2 with λ = 0)
+# has no published range: its step η·g equals the RMS rule's η_rms·g/RMS for
+# η = η_rms / RMS, and the mean RMS of a trained word-level model's gradients
+# is ~1e-3 (measured on the PTB models of docs/dynamic-evaluation.md), so
+# Table 6's η_rms range 1e-6–1e-3 maps to about 1e-3–1; it needs no ε.
+DYNAMIC_EVALUATION_SEARCH_SPACES = {
+    "rms_rms_prior": DYNAMIC_EVALUATION_SEARCH_SPACE,
+    "rms_global_prior": DYNAMIC_EVALUATION_SEARCH_SPACE,
+    "sgd": {
+        "segment_length": DYNAMIC_EVALUATION_SEARCH_SPACE["segment_length"],
+        "learning_rate": {
+            "type": "float", "min": 1e-3, "max": 1.0, "sampling": "log",
+            "default": 0.03,
+            "source": f"{MOGRIFIER_TABLE_6}'s η range 1e-6–1e-3 for the RMS rule, "
+            "divided by a mean RMS of ~1e-3: the SGD step of the same size",
+        },
+        "decay_rate": DYNAMIC_EVALUATION_SEARCH_SPACE["decay_rate"],
+    },
+}
+
 # What each hyperparameter may take, whatever the range: (check, message).
 _DOMAINS = {
     "learning_rate": (lambda v: v > 0, "positive"),

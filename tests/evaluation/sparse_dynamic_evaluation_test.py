@@ -133,3 +133,43 @@ def test_per_stream_batch_size_must_match():
     ev.gradient_statistics = {kernel_of(model).path: np.ones((3, H, H))}
     with pytest.raises(ValueError, match="per-stream adaptation matrices"):
         ev.evaluate(np.zeros((3, 6), "int32"), batch_size=1)
+
+
+@pytest.mark.parametrize("rule, lr", [("sgd", 0.5), ("rms_global_prior", 1e-2)])
+def test_every_update_rule_works_sparse(rule, lr):
+    """The simpler rules adapt the adaptation matrix alone too, by their equation."""
+    model = sparse_model(batch=1)
+    kernel = kernel_of(model)
+    ev = DynamicEvaluator(model, sparse=True, learning_rate=lr, decay_rate=0.01,
+                          update_rule=rule, segment_length=4)
+    rng = np.random.default_rng(1)
+    if rule != "sgd":
+        ev.collect_gradient_statistics(rng.integers(0, VOCAB, 200), batch_size=1, steps=20)
+    others = [to_numpy(v).copy() for v in model.variables if v is not kernel]
+    capture = testing.CaptureVariables([kernel])
+    text = np.tile(rng.integers(0, VOCAB, 7), 12)
+    static = ev.evaluate(text, adapt=False, verbose=0)
+    dynamic = ev.evaluate(text, callbacks=[capture], verbose=0)
+    assert dynamic["loss"] < static["loss"]
+    # The first update from M = 0 is −η g (sgd) or −η g/(RMS+ε) (eq. 6): by hand.
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.RNN):
+            layer.reset_state()
+
+    def loss():
+        logits = model(text[None, :4])
+        return keras.ops.mean(keras.ops.sparse_categorical_crossentropy(
+            text[None, 1:5], logits, from_logits=True))
+
+    _, (g,) = testing.value_and_gradients(loss, [kernel], model=model)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.RNN):
+            layer.reset_state()
+    if rule == "sgd":
+        expected = -lr * g
+    else:
+        rms = np.sqrt(ev.gradient_statistics[kernel.path])
+        expected = -lr * g / (rms + ev.epsilon)
+    np.testing.assert_allclose(capture.after_segment[0][0], expected, rtol=1e-4, atol=1e-7)
+    for v, before in zip([v for v in model.variables if v is not kernel], others):
+        np.testing.assert_array_equal(to_numpy(v), before)

@@ -242,3 +242,29 @@ def test_setup_errors_in_a_trial_stop_the_search(corpus, tuning_stream, tmp_path
     tuner = make_tuner(model, corpus, str(tmp_path), max_trials=1)
     with pytest.raises(keras_tuner.errors.FatalValueError):
         tuner.search(tuning_stream, verbose=0)
+
+
+@pytest.mark.parametrize("rule", ["sgd", "rms_global_prior"])
+def test_each_update_rule_has_its_space_and_searches(trained, corpus, tuning_stream, tmp_path, rule):
+    from keras_mogrifier.tuning import DYNAMIC_EVALUATION_SEARCH_SPACES
+
+    ranges = {"learning_rate": (0.3, 1.0)} if rule == "sgd" else TOY_RANGES
+    tuner = make_tuner(trained, corpus, str(tmp_path), update_rule=rule, max_trials=2,
+                       ranges=ranges)
+    tuner.search(tuning_stream, verbose=0)
+    best = best_configuration(tuner)
+    space = DYNAMIC_EVALUATION_SEARCH_SPACES[rule]
+    assert ("epsilon" in best["configuration"]) == ("epsilon" in space) == (rule != "sgd")
+    # Plain SGD reads no gradient statistics: none were gathered.
+    assert tuner.statistics_collected == (0 if rule == "sgd" else 1)
+    static = tuner.evaluate_static(tuning_stream)
+    assert best["score"] < static["loss"]
+    evaluator = DynamicEvaluator(
+        trained.with_options(batch_size=STATISTICS_BATCH, samples=1),
+        update_rule=rule, normalizer="global_mean", **best["configuration"],
+    )
+    if rule != "sgd":
+        evaluator.collect_gradient_statistics(corpus.train, batch_size=STATISTICS_BATCH)
+    assert evaluator.evaluate(tuning_stream, verbose=0)["loss"] == pytest.approx(
+        best["score"], rel=1e-5
+    )
