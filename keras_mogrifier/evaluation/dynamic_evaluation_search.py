@@ -7,6 +7,7 @@ from keras.utils import Progbar
 
 from keras_mogrifier import _validation
 from keras_mogrifier.evaluation.divergence_error import DivergenceError
+from keras_mogrifier.evaluation.update_rules import NEEDS_STATISTICS
 
 STRATEGIES = ("grid", "sequential")
 
@@ -104,10 +105,11 @@ def search_dynamic_evaluation(
     else:
         learning_rates = _rates("learning_rates", learning_rates, evaluator.learning_rate)
         decay_rates = _rates("decay_rates", decay_rates, evaluator.decay_rate)
-    if evaluator._statistics is None:
+    if evaluator._statistics is None and NEEDS_STATISTICS[evaluator.update_rule]:
         raise ValueError(
-            "Expected `evaluator` to have gradient statistics: call "
-            "`collect_gradient_statistics` first. Received none."
+            "Expected `evaluator` to have gradient statistics (its "
+            f"update_rule={evaluator.update_rule!r} divides by their RMS): "
+            "call `collect_gradient_statistics` first. Received none."
         )
 
     original = (evaluator.learning_rate, evaluator.decay_rate)
