@@ -7,6 +7,7 @@ from keras_mogrifier.data.corpus import load_corpus
 from keras_mogrifier.data.corpus import read_lines
 from keras_mogrifier.data.corpus import tokenize_line
 from keras_mogrifier.data.ptb import load_ptb
+from keras_mogrifier.data.reverse_copy import reverse_copy
 from keras_mogrifier.data.synthetic import synthetic_corpus
 from keras_mogrifier.data.synthetic import synthetic_lines
 from keras_mogrifier.data.vocabulary import Vocabulary
@@ -19,6 +20,7 @@ __all__ = [
     "load_corpus",
     "load_ptb",
     "read_lines",
+    "reverse_copy",
     "synthetic_corpus",
     "synthetic_lines",
     "tokenize_line",

@@ -25,6 +25,7 @@ def _load_example(name):
     return module
 
 
+
 @pytest.fixture
 def tiny_ptb(tmp_path):
     data = tmp_path / "ptb"
