@@ -75,7 +75,12 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
     parser.add_argument("--resume", action="store_true",
                         help="continue training from --checkpoint-dir")
     parser.add_argument("--results-json", help="write the results to this JSON file")
-    parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2))
+    parser.add_argument("--verbose", default="auto", choices=("auto", "0", "1", "2"),
+                        help="1: progress bars; 2: one line per epoch and phase (for "
+                             "logs); auto: 1 on a terminal, 2 otherwise")
+    parser.add_argument("--plot", metavar="PNG",
+                        help="draw the learning curves and static vs dynamic loss "
+                             "along the test text to this file (needs matplotlib)")
     return parser.parse_args(argv)
 
 
@@ -110,11 +115,6 @@ def overrides(args):
 def main(argv=None, level="word", default_preset="tiny"):
     args = parse_args(argv, level, default_preset)
     corpus = load_ptb(args.data_dir, level=level, download=not args.no_download)
-    if corpus.source == "synthetic":
-        print(
-            "No Penn Treebank available: training on the embedded synthetic "
-            "corpus (perplexities are not comparable with published results)."
-        )
     model_overrides, training_overrides = overrides(args)
     results = run_experiment(
         corpus,
@@ -131,20 +131,9 @@ def main(argv=None, level="word", default_preset="tiny"):
             "learning_rates": args.dynamic_learning_rates,
             "decay_rates": args.dynamic_decay_rates,
         },
-        verbose=args.verbose,
+        verbose=args.verbose if args.verbose == "auto" else int(args.verbose),
+        plot_path=args.plot,
     )
-    unit = "bits per character" if level == "char" else "perplexity"
-    print(f"\nfinal ({corpus.source} corpus, preset {args.preset}):")
-    for key in ("valid_perplexity", "test_perplexity",
-                "valid_dynamic_perplexity", "test_dynamic_perplexity"):
-        if key in results:
-            value = results[key]
-            shown = f"{value:.2f}"
-            if level == "char":
-                import math
-
-                shown = f"{math.log2(value):.3f} bpc"
-            print(f"  {key.replace('_perplexity', '').replace('_', ' ')} {unit}: {shown}")
     if args.results_json:
         write_results(results, args.results_json)
         print(f"results written to {args.results_json}")

@@ -7,10 +7,10 @@
 # script directly to have it download Penn Treebank instead).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh plot
 export KERAS_BACKEND="${KERAS_BACKEND:-tensorflow}" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 corpus=(--no-download)
 for arg in "$@"; do
   case "$arg" in --data-dir|--data-dir=*) corpus=() ;; esac
 done
-exec .venv/bin/python examples/ptb_word.py --results-json runs/main/results.json ${corpus[@]+"${corpus[@]}"} "$@"
+exec .venv/bin/python examples/ptb_word.py --results-json runs/main/results.json --plot runs/main/curves.png ${corpus[@]+"${corpus[@]}"} "$@"

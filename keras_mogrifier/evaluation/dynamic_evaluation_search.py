@@ -21,6 +21,7 @@ def search_dynamic_evaluation(
     strategy="grid",
     batch_size=None,
     verbose=0,
+    on_result=None,
 ):
     """Tries `(learning_rate, decay_rate)` settings, one pass each; returns the best.
 
@@ -50,7 +51,11 @@ def search_dynamic_evaluation(
             the two lists. Defaults to `None`.
         strategy: `"grid"` or `"sequential"`. Defaults to `"grid"`.
         batch_size: int or `None`. As for `evaluate`. Defaults to `None`.
-        verbose: int. 1 shows a progress bar over the settings. Defaults to 0.
+        verbose: int. 1 shows a progress bar over the settings; 2 prints one
+            line per setting as it finishes (for logs). Defaults to 0.
+        on_result: callable or `None`. Called after every pass with its
+            result dict (as in `results`) and `(k, total)`, e.g. to log it.
+            Defaults to `None`.
 
     Returns:
         A dict with the best `learning_rate`, `decay_rate`, `loss` and
@@ -118,7 +123,7 @@ def search_dynamic_evaluation(
         total = len(learning_rates) + len(decay_rates)
     else:
         total = len(settings) if settings is not None else len(learning_rates) * len(decay_rates)
-    bar = Progbar(total, verbose=verbose, unit_name="setting") if verbose else None
+    bar = Progbar(total, verbose=1, unit_name="setting") if verbose == 1 else None
 
     def run(pairs):
         for learning_rate, decay_rate in pairs:
@@ -133,11 +138,14 @@ def search_dynamic_evaluation(
                     "bits_per_token": math.inf, "num_tokens": 0,
                     "diverged": error,
                 }
-            results.append(
-                {"learning_rate": learning_rate, "decay_rate": decay_rate, **logs}
-            )
+            result = {"learning_rate": learning_rate, "decay_rate": decay_rate, **logs}
+            results.append(result)
             if bar is not None:
                 bar.add(1, [("perplexity", logs["perplexity"])])
+            if verbose == 2:
+                print(describe_setting(result, len(results), total), flush=True)
+            if on_result is not None:
+                on_result(result, (len(results), total))
         best = _best(results)
         if not math.isfinite(best["loss"]):
             last = results[-1].get("diverged")
@@ -177,6 +185,19 @@ def search_dynamic_evaluation(
         "perplexity": best["perplexity"],
         "results": results,
     }
+
+
+def describe_setting(result, k=None, total=None):
+    """One line on a pass of the search: its setting and perplexity (or where it diverged)."""
+    head = f"setting {k}/{total}: " if k is not None else ""
+    setting = (
+        f"learning_rate={result['learning_rate']:g}, decay_rate={result['decay_rate']:g}"
+    )
+    if "diverged" in result:
+        return f"{head}{setting}: diverged at token {result['diverged'].token}"
+    if result["perplexity"] > 1e6:  # a blown-up pass: its perplexity overflows
+        return f"{head}{setting}: loss {result['loss']:.1f} nats (blew up)"
+    return f"{head}{setting}: perplexity {result['perplexity']:.2f}"
 
 
 def _best(results):

@@ -8,9 +8,11 @@ function of its own so that scripts and tuners can use them separately.
 """
 
 import contextlib
+import functools
 import json
 import math
 import os
+import sys
 import time
 
 import keras
@@ -21,6 +23,7 @@ from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.callbacks.divergence_recovery import DivergenceRecovery
 from keras_mogrifier.callbacks.two_tailed_averaging import TwoTailedAveraging
 from keras_mogrifier.data.batching import StreamDataset
+from keras_mogrifier.evaluation.dynamic_evaluation_search import describe_setting
 from keras_mogrifier.evaluation.dynamic_evaluation_search import (
     search_dynamic_evaluation,
 )
@@ -34,6 +37,7 @@ from keras_mogrifier.optimizers.rectified_adam import RectifiedAdam
 from keras_mogrifier.optimizers.two_tailed_averaging_optimizer import (
     TwoTailedAveragingOptimizer,
 )
+from keras_mogrifier.pipeline.plots import plot_run
 from keras_mogrifier.pipeline.presets import get_preset
 
 OPTIMIZERS = ("sgd", "adam", "radam")
@@ -187,6 +191,8 @@ def dynamic_evaluation(
     tuning_tokens=10_000,
     statistics_batches=None,
     log=print,
+    verbose=0,
+    curve=False,
 ):
     """Dynamic evaluation of valid and test, tuned on a slice of valid.
 
@@ -195,13 +201,31 @@ def dynamic_evaluation(
     stream (batches of 100 streams × `segment_length`). Settings that diverge
     are skipped (see `DivergenceError`): returns `None`, after saying why,
     when every setting diverges, so no non-finite number is ever reported.
+    Every phase is logged as it ends (one line per tuning pass); `verbose=1`
+    also shows a progress bar with an ETA during each pass. With `curve`, the
+    test stream is also scored statically with the same segments, and the
+    per-token losses of both passes are returned (`test_token_losses`).
     """
     evaluation_model = model.with_options(batch_size=100, samples=1)
     evaluator = DynamicEvaluator(evaluation_model, segment_length=segment_length)
-    evaluator.collect_gradient_statistics(
+    start = time.time()
+    logs = evaluator.collect_gradient_statistics(
         corpus.train, steps=statistics_batches, batch_size=100
     )
+    log(
+        f"dynamic evaluation: gradient statistics from {logs['num_batches']} "
+        f"training batches ({time.time() - start:.0f} s)"
+    )
     tuning = corpus.valid[: tuning_tokens + 1]
+    total = len(learning_rates) + len(decay_rates)
+    log(
+        f"dynamic evaluation: tuning the learning rate, then the decay rate, on "
+        f"{len(tuning) - 1} validation tokens ({total} passes)"
+    )
+
+    def report(result, position):
+        log("  " + describe_setting(result, *position))
+
     try:
         search = search_dynamic_evaluation(
             evaluator,
@@ -209,17 +233,16 @@ def dynamic_evaluation(
             learning_rates=list(learning_rates),
             decay_rates=list(decay_rates),
             strategy="sequential",
+            on_result=report,
         )
     except DivergenceError as error:
         log(f"dynamic evaluation skipped: {error}")
         return None
     diverged = sum(1 for r in search["results"] if "diverged" in r)
     log(
-        f"dynamic evaluation tuned on {len(tuning) - 1} validation tokens "
-        f"({len(search['results'])} settings, {diverged} diverged): "
-        f"learning_rate={search['learning_rate']:g}, "
-        f"decay_rate={search['decay_rate']:g} "
-        f"(perplexity {search['perplexity']:.2f})"
+        f"dynamic evaluation: best learning_rate={search['learning_rate']:g}, "
+        f"decay_rate={search['decay_rate']:g} ({len(search['results'])} "
+        f"settings, {diverged} diverged)"
     )
     # A setting tuned on a slice can still diverge further into a stream:
     # then the next best one is used, and the run says so.
@@ -227,12 +250,22 @@ def dynamic_evaluation(
         (r for r in search["results"] if "diverged" not in r),
         key=lambda r: r["loss"],
     )
+    bar = 1 if verbose == 1 else 0
     for candidate in candidates:
         evaluator.learning_rate = candidate["learning_rate"]
         evaluator.decay_rate = candidate["decay_rate"]
         try:
-            valid = evaluator.evaluate(corpus.valid, verbose=0)
-            test = evaluator.evaluate(corpus.test, verbose=0)
+            passes = {}
+            for split in ("valid", "test"):
+                start = time.time()
+                passes[split] = evaluator.evaluate(
+                    getattr(corpus, split), verbose=bar, return_token_losses=curve
+                )
+                log(
+                    f"dynamic evaluation of {split} ({passes[split]['num_tokens']} "
+                    f"tokens): perplexity {passes[split]['perplexity']:.2f} "
+                    f"({time.time() - start:.0f} s)"
+                )
         except DivergenceError as error:
             log(
                 f"  learning_rate={candidate['learning_rate']:g}, decay_rate="
@@ -240,14 +273,91 @@ def dynamic_evaluation(
                 "a whole split; trying the next best setting"
             )
             continue
-        return {
-            "valid": valid,
-            "test": test,
+        result = {
+            "valid": passes["valid"],
+            "test": passes["test"],
             "learning_rate": candidate["learning_rate"],
             "decay_rate": candidate["decay_rate"],
         }
+        if curve:
+            static = evaluator.evaluate(
+                corpus.test, adapt=False, verbose=0, return_token_losses=True
+            )
+            result["test_token_losses"] = {
+                "static": static["token_losses"][0].tolist(),
+                "dynamic": passes["test"].pop("token_losses")[0].tolist(),
+            }
+            passes["valid"].pop("token_losses", None)
+        return result
     log("dynamic evaluation skipped: every tuned setting diverged on a whole split")
     return None
+
+
+class _EpochLog(keras.callbacks.Callback):
+    """Logs one line per epoch as it ends, and keeps the curves."""
+
+    def __init__(self, log, epochs):
+        super().__init__()
+        self.log = log
+        self.epochs = epochs
+        self.train, self.valid = [], []
+        self._start = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        train, valid = logs.get("perplexity"), logs.get("val_perplexity")
+        self.train.append(None if train is None else float(train))
+        self.valid.append(None if valid is None else float(valid))
+        parts = [f"epoch {epoch + 1}/{self.epochs}:"]
+        if train is not None:
+            parts.append(f"training perplexity {float(train):.2f},")
+        if valid is not None:
+            parts.append(f"validation perplexity {float(valid):.2f}")
+        parts.append(f"({time.time() - self._start:.0f} s)")
+        self.log(" ".join(parts))
+
+
+def resolve_verbose(verbose):
+    """`"auto"`: progress bars (1) on a terminal, one line per phase (2) otherwise."""
+    if verbose == "auto":
+        return 1 if sys.stdout.isatty() else 2
+    if verbose not in (0, 1, 2) or isinstance(verbose, bool):
+        raise ValueError(
+            f"Expected `verbose` to be 'auto', 0, 1 or 2. Received: verbose={verbose!r}"
+        )
+    return verbose
+
+
+def summary_table(results):
+    """The final report of a run: static / dynamic × valid / test, and the times."""
+    rows = [("static", results.get("valid_perplexity"), results.get("test_perplexity"))]
+    if "valid_dynamic_perplexity" in results:
+        rows.append(
+            ("dynamic", results["valid_dynamic_perplexity"], results["test_dynamic_perplexity"])
+        )
+    characters = results.get("level") == "char"
+    unit = "bits/char" if characters else "perplexity"
+    lines = [f"{unit:<12}{'valid':>10}{'test':>10}"]
+    for name, valid, test in rows:
+        if characters:
+            valid, test = math.log2(valid), math.log2(test)
+            lines.append(f"{name:<12}{valid:>10.3f}{test:>10.3f}")
+        else:
+            lines.append(f"{name:<12}{valid:>10.2f}{test:>10.2f}")
+    times = results.get("seconds", {})
+    if times:
+        lines.append(
+            "time: " + ", ".join(f"{phase} {_duration(sec)}" for phase, sec in times.items())
+        )
+    return "\n".join(lines)
+
+
+def _duration(seconds):
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
 def run_experiment(
@@ -259,8 +369,9 @@ def run_experiment(
     resume=False,
     dynamic=True,
     dynamic_options=None,
-    verbose=1,
+    verbose="auto",
     log=print,
+    plot_path=None,
 ):
     """Trains and evaluates a language model; returns a dict of results.
 
@@ -273,14 +384,26 @@ def run_experiment(
         resume: bool. Continue from the checkpoint in `checkpoint_dir`.
         dynamic: bool. Also run dynamic evaluation. Defaults to `True`.
         dynamic_options: dict. Arguments of `dynamic_evaluation`.
-        verbose: int. Verbosity of `fit`.
-        log: callable. Where progress lines go. Defaults to `print`.
+        verbose: `"auto"`, 0, 1 or 2. 1: Keras's progress bars (during each
+            epoch and each dynamic-evaluation pass) besides the phase lines;
+            2: the phase lines only (one per epoch, per tuning pass, per
+            evaluation), for logs; 0: no bars. `"auto"` is 1 on a terminal
+            and 2 otherwise. Defaults to `"auto"`.
+        log: callable. Where progress lines go (each phase as it ends).
+            Defaults to `print` (flushed).
+        plot_path: str or None. Draw the learning curves and, with dynamic
+            evaluation, static vs dynamic loss along the test stream, to this
+            PNG file (needs matplotlib). Defaults to `None`.
 
     Returns:
         A dict with `valid_perplexity`, `test_perplexity`, the temperature,
         per-epoch validation perplexities, timings, and with `dynamic=True`
         `valid_dynamic_perplexity` and `test_dynamic_perplexity`.
     """
+    verbose = resolve_verbose(verbose)
+    if log is print:
+        log = functools.partial(print, flush=True)
+    seconds = {}
     config = get_preset(preset, model_overrides, training_overrides)
     training = config["training"]
     training["eval_batch_size"] = training["eval_batch_size"] or training["batch_size"]
@@ -327,60 +450,75 @@ def run_experiment(
             corpus.valid, training, training["eval_batch_size"], evaluation=True
         )
         start = time.time()
-        history = model.fit(
+        epoch_log = _EpochLog(log, training["epochs"])
+        model.fit(
             train_data,
             validation_data=valid_data,
             epochs=training["epochs"],
             initial_epoch=initial_epoch,
             shuffle=False,
-            callbacks=training_callbacks(training, checkpoint_dir, valid_data),
-            verbose=verbose,
+            callbacks=training_callbacks(training, checkpoint_dir, valid_data)
+            + [epoch_log],
+            verbose=1 if verbose == 1 else 0,
         )
-    train_seconds = time.time() - start
-    val_curve = [float(p) for p in history.history.get("val_perplexity", [])]
-    for epoch, ppl in enumerate(val_curve, start=initial_epoch + 1):
-        log(f"epoch {epoch}: validation perplexity {ppl:.2f}")
+    train_seconds = seconds["training"] = time.time() - start
+    val_curve = [p for p in epoch_log.valid if p is not None]
 
     results = {
         "preset": preset,
         "model": config["model"],
         "training": training,
         "corpus_source": corpus.source,
+        "level": getattr(corpus, "level", "word"),
         "train_tokens_per_epoch": train_data.num_tokens,
         "train_seconds": train_seconds,
         "train_tokens_per_second": train_data.num_tokens
         * max(1, training["epochs"] - initial_epoch)
         / train_seconds,
         "valid_perplexity_curve": val_curve,
+        "train_perplexity_curve": [p for p in epoch_log.train if p is not None],
+        "initial_epoch": initial_epoch,
+        "seconds": seconds,
     }
+    start = time.time()
     tau = search_temperature(
         model, corpus.valid, batch_size=training["eval_batch_size"],
         sequence_length=training["sequence_length"],
     )
     results["temperature"] = tau["temperature"]
-    log(f"softmax temperature {tau['temperature']:.2f}")
+    seconds["temperature"] = time.time() - start
+    log(f"softmax temperature {tau['temperature']:.2f} (tuned on validation)")
+    start = time.time()
     valid = evaluate_language_model(model, corpus.valid, training)
     test = evaluate_language_model(model, corpus.test, training)
+    seconds["static evaluation"] = time.time() - start
     results["valid_perplexity"] = valid["perplexity"]
     results["test_perplexity"] = test["perplexity"]
     log(
-        f"static: valid perplexity {valid['perplexity']:.2f}, "
+        f"static evaluation: valid perplexity {valid['perplexity']:.2f}, "
         f"test perplexity {test['perplexity']:.2f}"
     )
     dyn = None
     if dynamic:
         start = time.time()
-        dyn = dynamic_evaluation(model, corpus, log=log, **(dynamic_options or {}))
+        dyn = dynamic_evaluation(
+            model, corpus, log=log, verbose=verbose, curve=plot_path is not None,
+            **(dynamic_options or {}),
+        )
+        seconds["dynamic evaluation"] = time.time() - start
     if dyn is not None:
         results["valid_dynamic_perplexity"] = float(dyn["valid"]["perplexity"])
         results["test_dynamic_perplexity"] = float(dyn["test"]["perplexity"])
         results["dynamic_learning_rate"] = dyn["learning_rate"]
         results["dynamic_decay_rate"] = dyn["decay_rate"]
-        results["dynamic_seconds"] = time.time() - start
-        log(
-            f"dynamic: valid perplexity {results['valid_dynamic_perplexity']:.2f}, "
-            f"test perplexity {results['test_dynamic_perplexity']:.2f}"
-        )
+        results["dynamic_seconds"] = seconds["dynamic evaluation"]
+        if "test_token_losses" in dyn:
+            results["test_token_losses"] = dyn["test_token_losses"]
+    if plot_path is not None:
+        plot_run(results, plot_path)
+        log(f"curves drawn to {plot_path}")
+    log("")
+    log(summary_table(results))
     results["model_object"] = model
     return results
 
@@ -395,7 +533,9 @@ def _floats(logs):
 
 def write_results(results, path):
     """Writes the JSON-serialisable part of `results` to `path`."""
-    clean = {k: v for k, v in results.items() if k != "model_object"}
+    clean = {
+        k: v for k, v in results.items() if k not in ("model_object", "test_token_losses")
+    }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(clean, f, indent=2, default=str)

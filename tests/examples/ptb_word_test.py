@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import re
 import os
 import sys
 
@@ -64,7 +65,9 @@ def test_ptb_word_end_to_end_with_resume(tiny_ptb, tmp_path, capsys):
     assert results["corpus_source"] == "directory"
     assert len(results["valid_perplexity_curve"]) == 1
     printed = capsys.readouterr().out
-    assert "epoch 1: validation perplexity" in printed and "test dynamic perplexity" in printed
+    assert "epoch 1/1: training perplexity" in printed
+    assert "dynamic evaluation of test" in printed
+    assert re.search(r"\ndynamic +[0-9.]+ +[0-9.]+\n", printed)  # the summary table
     # Resume: one more epoch from the checkpoint.
     example.main(_flags(tiny_ptb, tmp_path) + ["--epochs", "2", "--resume", "--no-dynamic", "--results-json", str(out)])
     results = json.loads(out.read_text())
@@ -80,7 +83,8 @@ def test_ptb_char_reports_bits_per_character(tiny_ptb, tmp_path, capsys):
         _flags(tiny_ptb, tmp_path)[:-4] + ["--epochs", "1", "--no-dynamic", "--results-json", str(out)],
         level="char",
     )
-    assert "bpc" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert re.search(r"bits/char +valid +test\nstatic +[0-9]\.[0-9]{3} +[0-9]\.[0-9]{3}", printed)
     assert json.loads(out.read_text())["test_perplexity"] < 100
 
 

@@ -2,6 +2,7 @@
 
 import re
 
+import keras
 import numpy as np
 
 from keras_mogrifier.data import synthetic_corpus
@@ -26,7 +27,7 @@ def test_paper_recipe_on_a_tiny_model():
     for key in ("valid_perplexity", "test_perplexity"):
         assert np.isfinite(results[key]) and 1 < results[key] < len(corpus.vocabulary) * 2
     assert 0.8 <= results["temperature"] <= 1.06
-    assert any("epoch 1: validation perplexity" in line for line in logs)
+    assert any(line.startswith("epoch 1/1: training perplexity") for line in logs)
 
 
 def test_dynamic_evaluation_step_reports_no_non_finite_number():
@@ -60,3 +61,50 @@ def test_dynamic_evaluation_step_reports_no_non_finite_number():
     assert "dynamic evaluation skipped: Every dynamic-evaluation setting tried diverged" in text
     assert "test_dynamic_perplexity" not in results
     assert not re.search(r"\b(nan|inf)\b", text, flags=re.IGNORECASE)
+
+
+def test_a_run_logs_each_phase_as_it_ends_and_draws_its_curves(tmp_path, capsys):
+    """The main job as a user meets it: a readable log and a picture."""
+    corpus = synthetic_corpus(train_tokens=3000, valid_tokens=300, test_tokens=300)
+    lines = []
+    seen_when_epoch_2_began = []
+
+    class Spy(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                seen_when_epoch_2_began.extend(lines)
+
+    import keras_mogrifier.pipeline.language_modeling as pipeline
+
+    extra = pipeline.training_callbacks
+    try:
+        pipeline.training_callbacks = lambda *a, **k: extra(*a, **k) + [Spy()]
+        results = run_experiment(
+            corpus, "tiny", log=lines.append, verbose="auto",  # not a terminal: 2
+            model_overrides={"units": 8, "embedding_dim": 8, "mogrifier_rank": 2,
+                             "num_layers": 1},
+            training_overrides={"epochs": 2, "batch_size": 4, "sequence_length": 10,
+                                "eval_batch_size": 4},
+            dynamic_options={"learning_rates": (1e-4, 3e-4), "decay_rates": (2e-3,),
+                             "tuning_tokens": 100, "statistics_batches": 2},
+            plot_path=str(tmp_path / "curves.png"),
+        )
+    finally:
+        pipeline.training_callbacks = extra
+    text = "\n".join(lines)
+    # Epoch lines appear as each epoch ends, not after training.
+    assert any(line.startswith("epoch 1/2: training perplexity") for line in seen_when_epoch_2_began)
+    for phase in ("softmax temperature", "static evaluation:", "gradient statistics",
+                  "setting 1/3:", "setting 3/3:", "dynamic evaluation of test",
+                  "curves drawn to"):
+        assert phase in text, phase
+    # No progress bars in log mode; a short log.
+    out = capsys.readouterr().out
+    assert "━" not in out and "\r" not in out
+    assert len(lines) < 30
+    # The summary table: static and dynamic × valid and test, and the times.
+    table = text[text.index("perplexity       valid      test"):]
+    assert "static" in table and "dynamic" in table and "time: training" in table
+    png = (tmp_path / "curves.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert len(results["test_token_losses"]["static"]) == len(corpus.test) - 1
