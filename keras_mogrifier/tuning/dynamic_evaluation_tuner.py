@@ -96,8 +96,9 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
     The objective is `val_dynamic_loss` (`DYNAMIC_EVALUATION_OBJECTIVE`,
     minimised); trials also report `val_dynamic_perplexity`. A pass that
     diverges — its loss is not finite, or above `max_loss`, by default
-    `ln(vocabulary size)`, the loss of a uniform guess, which a trained model
-    only exceeds when the adaptation blows up (with a tiny ε, rarely seen
+    `2 ln(vocabulary size)`, twice the loss of a uniform guess, which a model
+    (even an untrained one, whose loss is about `ln(vocabulary size)`) only
+    exceeds when the adaptation blows up (with a tiny ε, rarely seen
     words get huge steps) — raises `keras_tuner.errors.FailedTrialError`: the
     trial is recorded as failed, kept out of Bayesian optimisation's model
     (whose normalised targets one loss of 1e15 would flatten), and the search
@@ -159,7 +160,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
             gathered on (whole batches of `statistics_batch_size × n`, spread
             over the stream). Defaults to `None` (all of `gradient_data`).
         max_loss: float, `math.inf` or `"auto"`. A trial whose loss is above
-            it has diverged. Defaults to `"auto"`: `ln(vocabulary size)` when
+            it has diverged. Defaults to `"auto"`: `2 ln(vocabulary size)` when
             the model tells its vocabulary size, else `math.inf`.
         seed: int or None. Seed of the oracle. Defaults to `None`.
         max_consecutive_failed_trials: int. As in KerasTuner's oracles.
@@ -238,7 +239,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         )
         if max_loss == "auto":
             size = _vocabulary_size(model)
-            max_loss = math.log(size) if size else math.inf
+            max_loss = 2.0 * math.log(size) if size else math.inf
         elif max_loss != math.inf:
             max_loss = _validation.positive_float("max_loss", max_loss)
         fixed = dict(fixed or {})

@@ -154,7 +154,7 @@ def test_diverging_pass_is_a_failed_trial_and_the_search_ends_with_a_summary(
         trained, corpus, str(tmp_path), max_trials=2,
         ranges={"learning_rate": learning_rates},
     )
-    assert tuner.max_loss == pytest.approx(np.log(len(corpus.vocabulary)))
+    assert tuner.max_loss == pytest.approx(2 * np.log(len(corpus.vocabulary)))
     with pytest.raises(SearchFailedError) as raised:
         tuner.search(tuning_stream, verbose=0)
     rows = trial_rows(tuner)
