@@ -40,6 +40,15 @@ def main():
     parser.add_argument("--max-tokens", type=int, help="cap tokens per epoch")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--save-dir", help="save each trained model here as CELL.keras")
+    parser.add_argument(
+        "--halve-after", type=int,
+        help="first epoch index (0-based) at the halved rate; default the preset's "
+        "(Zaremba's max_epoch=4: epochs 1-5 at the base rate)",
+    )
+    parser.add_argument(
+        "--checkpoint-dir",
+        help="save the model after every epoch (CELL/last.keras) so a cut-off run keeps it",
+    )
     args = parser.parse_args()
     corpus = load_corpus(args.data_dir)
     rows = []
@@ -49,7 +58,14 @@ def main():
             corpus,
             "small",
             model_overrides=CELLS[name],
-            training_overrides={"epochs": args.epochs, "max_tokens": args.max_tokens},
+            training_overrides={
+                "epochs": args.epochs,
+                "max_tokens": args.max_tokens,
+                **({"halve_after_epoch": args.halve_after} if args.halve_after else {}),
+            },
+            checkpoint_dir=(
+                os.path.join(args.checkpoint_dir, name) if args.checkpoint_dir else None
+            ),
             dynamic=False,
             verbose=2,
         )
