@@ -55,9 +55,9 @@ def _windows(count=4, seed=0):
     return x, y
 
 
-def _trained(optimizer=None, jit_compile=JIT_COMPILE, cls=LanguageModel):
+def _trained(optimizer=None, jit_compile=JIT_COMPILE, cls=LanguageModel, **kwargs):
     """A model after one short `fit`: non-zero carried state and moments."""
-    model = _compile(_model(cls), optimizer, jit_compile)
+    model = _compile(_model(cls, **kwargs), optimizer, jit_compile)
     model.fit(StreamDataset(_stream(), B, T, max_batches=2), verbose=0)
     return model
 
@@ -72,12 +72,11 @@ def _state(model):
 
 
 def _assert_bitwise_equal(before, after, skip=()):
+    """Same paths, same bytes; `skip`: variable names left out."""
     assert sorted(before) == sorted(after)
-    changed = [
-        path for path in before
-        if not any(s in path for s in skip)
-        and before[path].tobytes() != after[path].tobytes()
-    ]
+    compared = [p for p in before if p.rsplit("/", 1)[-1] not in skip]
+    assert len(compared) > len(before) - len(skip) - 1
+    changed = [p for p in compared if before[p].tobytes() != after[p].tobytes()]
     assert not changed, f"changed: {changed}"
 
 
@@ -93,7 +92,16 @@ class _RecordStates(keras.callbacks.Callback):
 
 
 class PoisonedLanguageModel(LanguageModel):
-    """Its training logits are multiplied by the variable `poison`."""
+    """Its training logits are multiplied by the variable `poison`.
+
+    With `where="loss"`, `poison - 1` is added to the loss instead, behind
+    a `stop_gradient`: a NaN poison then makes the loss NaN and leaves every
+    gradient finite.
+    """
+
+    def __init__(self, *args, where="logits", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.where = where
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -104,6 +112,9 @@ class PoisonedLanguageModel(LanguageModel):
     def call(self, inputs, training=False):
         logits = super().call(inputs, training=training)
         if not training:
+            return logits
+        if self.where == "loss":
+            self.add_loss(ops.stop_gradient(self.poison - 1.0))
             return logits
         return logits * ops.cast(self.poison, logits.dtype)
 
@@ -427,12 +438,16 @@ def test_a_truncated_vocabulary_file_names_the_file(tmp_path):
 # === Non-finite training ===
 
 
-@pytest.mark.parametrize("averaging", [False, True], ids=["radam", "two_tailed"])
-def test_fit_stops_at_a_non_finite_loss_at_the_last_finite_step(averaging):
+@pytest.mark.parametrize(
+    "averaging, where",
+    [(False, "logits"), (True, "logits"), (False, "loss")],
+    ids=["radam", "two_tailed", "finite_gradients"],
+)
+def test_fit_stops_at_a_non_finite_loss_at_the_last_finite_step(averaging, where):
     optimizer = km.RectifiedAdam(1e-2)
     if averaging:
         optimizer = km.TwoTailedAveragingOptimizer(optimizer)
-    model = _trained(optimizer, cls=PoisonedLanguageModel)
+    model = _trained(optimizer, cls=PoisonedLanguageModel, where=where)
     record = _RecordStates()
     with pytest.raises(NonFiniteLossError, match="batch 2 of epoch 0: its loss is nan.*last finite step") as info:
         model.fit(StreamDataset(_stream(), B, T), callbacks=[_PoisonStep(3), record], verbose=0)
