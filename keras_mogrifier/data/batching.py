@@ -81,7 +81,9 @@ class StreamDataset(keras.utils.PyDataset):
     for you). `evaluate` and `predict` never shuffle.
 
     Args:
-        ids: 1-D int array. The token ids of a split (e.g. `corpus.train`).
+        ids: 1-D int array (or tensor). The token ids of a split (e.g.
+            `corpus.train`), non-negative; `check_token_ids` checks them
+            against a vocabulary size (`LanguageModel`'s entry points do).
         batch_size: int. The number of streams B.
         sequence_length: int. The window length T (BPTT length).
         drop_remainder: bool. Drop the last partial window (`True`) or keep
