@@ -136,9 +136,13 @@ def token_ids(name, ids, vocabulary_size, ndim=None, where=None):
     if ndim is not None:
         ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if array.ndim not in ranks:
-            shape = "(batch, time)" if ranks == (2,) else _rank_text(ranks)
+            what = (
+                "token ids of shape (batch, time)"
+                if ranks == (2,)
+                else f"a {_rank_text(ranks)} array of token ids"
+            )
             raise ValueError(
-                f"Expected `{name}`{at} to be token ids of shape {shape}. "
+                f"Expected `{name}`{at} to be {what}. "
                 f"Received: {name}.shape={array.shape}"
             )
     if array.size:
