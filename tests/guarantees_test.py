@@ -262,6 +262,9 @@ def test_fit_with_3d_ids_or_mismatched_targets_changes_nothing():
         model.fit(x, y[:, :4], verbose=0)
     with pytest.raises(ValueError, match="Expected targets `y`"):
         model.fit(x, verbose=0)
+    rows = np.zeros((10, T), "int32")
+    with pytest.raises(ValueError, match=r"shape of `x`, \(10, 5\).*\(9, 5\)"):
+        model.fit(rows, rows[:9], batch_size=B, verbose=0)
     _assert_bitwise_equal(before, _state(model))
 
 

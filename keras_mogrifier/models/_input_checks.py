@@ -10,6 +10,7 @@ kinds of data (a `torch.utils.data.DataLoader`, ...) pass unchecked.
 """
 
 import inspect
+import types
 
 import keras
 import numpy as np
@@ -19,6 +20,8 @@ from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.data.batching import StreamDataset
 
 KERAS_DEFAULT_BATCH_SIZE = 32
+# The attributes of a LanguageModel that the checks read.
+_MODEL_FIELDS = ("vocabulary_size", "stateful", "state_capacity", "batch_size", "samples")
 
 
 def max_rows(model, training):
@@ -108,7 +111,11 @@ class BatchCheck:
     """
 
     def __init__(self, model, training, targets, role):
-        self.model = model
+        # What the checks read of the model, not the model itself: a
+        # PyDataset with `use_multiprocessing` may be pickled with this.
+        self.model = types.SimpleNamespace(
+            **{name: getattr(model, name, None) for name in _MODEL_FIELDS}
+        )
         self.training = training
         self.targets = targets
         self.role = role

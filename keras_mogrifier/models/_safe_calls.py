@@ -115,9 +115,12 @@ def guarded_fit(model, callbacks, stop_on_non_finite, checks):
     snapshot = _Snapshot(model)
     stop = stop_on_non_finite and not _has_recovery(callbacks)
     watch = _StepWatch(snapshot, stop)
-    optimizer = model.optimizer
-    skip = stop_on_non_finite and not isinstance(
-        optimizer, keras.optimizers.LossScaleOptimizer  # skips by itself
+    optimizer = getattr(model, "optimizer", None)
+    skip = (
+        stop_on_non_finite
+        and isinstance(optimizer, keras.optimizers.Optimizer)
+        # A LossScaleOptimizer skips non-finite steps by itself.
+        and not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     )
     # The guard is traced into the train function: retrace when it changes.
     if (
