@@ -360,7 +360,9 @@ class LanguageModelHyperModel(keras_tuner.HyperModel):
             )
         except NonFiniteLossError as error:
             raise keras_tuner.errors.FailedTrialError(
-                f"The trial diverged: {error}"
+                "The trial diverged: non-finite training loss "
+                f"({error.loss}) at batch {error.batch} of epoch {error.epoch}; "
+                "training stopped there."
             ) from error
         losses = history.history.get("loss", [])
         objective = history.history.get(LANGUAGE_MODEL_OBJECTIVE.name, [])
