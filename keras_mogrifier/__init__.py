@@ -25,6 +25,7 @@ from keras_mogrifier.losses import IWAEDropoutLoss
 from keras_mogrifier.metrics import BitsPerCharacter
 from keras_mogrifier.metrics import Perplexity
 from keras_mogrifier.models import LanguageModel
+from keras_mogrifier.models import NonFiniteLossError
 from keras_mogrifier.optimizers import RectifiedAdam
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
 

@@ -5,7 +5,9 @@ expected and shows what was received, in the Keras style:
 "Expected `units` to be a positive integer. Received: units=0".
 """
 
+import contextlib
 import numbers
+import threading
 
 import numpy as np
 
@@ -75,19 +77,150 @@ def one_of(name, value, choices):
     return value
 
 
-def token_ids(name, ids, vocabulary_size):
-    """Checks a NumPy array of token ids: integers in [0, vocabulary_size)."""
-    ids = np.asarray(ids)
-    if not np.issubdtype(ids.dtype, np.integer):
+def to_host(value):
+    """`value` as a NumPy array: arrays, lists and tensors of any backend.
+
+    Tensors are copied to the host (`keras.ops.convert_to_numpy`).
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (list, tuple, numbers.Number, np.generic)):
+        return np.asarray(value)
+    import keras
+
+    try:
+        return np.asarray(keras.ops.convert_to_numpy(value))
+    except Exception:  # e.g. a TensorFlow tensor with another Keras backend
+        return np.asarray(value)
+
+
+def _rank_text(ndim):
+    return " or ".join(f"{n}-D" for n in ndim)
+
+
+def token_ids(name, ids, vocabulary_size, ndim=None, where=None):
+    """Checks token ids and returns them as a NumPy array on the host.
+
+    The one check of token ids used by every entry point of the library:
+    integer dtype (not bool), rank `ndim` (an int or a tuple of allowed
+    ranks, `None` for any) and every id in `[0, vocabulary_size)` (only
+    `>= 0` when `vocabulary_size` is `None`).
+
+    Args:
+        name: str. The argument's name, used in the message (e.g. `"x"`).
+        ids: NumPy array, list or tensor of any backend.
+        vocabulary_size: int or None. Number of token ids.
+        ndim: int, tuple of int or None. Allowed ranks.
+        where: str or None. Where the ids come from, e.g. `"in batch 3"`,
+            added to the message.
+
+    Returns:
+        The ids as a NumPy array (not copied when already one).
+
+    Raises:
+        ValueError: saying what was expected and what was received.
+    """
+    at = f" {where}" if where else ""
+    try:
+        array = to_host(ids)
+    except Exception as error:  # ragged lists, objects NumPy cannot read
         raise ValueError(
-            f"Expected `{name}` to hold integer token ids. "
-            f"Received: {name}.dtype={ids.dtype}"
-        )
-    if ids.size and (ids.min() < 0 or ids.max() >= vocabulary_size):
-        bad = ids[(ids < 0) | (ids >= vocabulary_size)].ravel()[0]
+            f"Expected `{name}`{at} to be an array of integer token ids. "
+            f"Received: {type(ids).__name__}"
+        ) from error
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
         raise ValueError(
-            f"Expected `{name}` to hold token ids in [0, {vocabulary_size}). "
-            f"Received: an id {int(bad)} (min {int(ids.min())}, "
-            f"max {int(ids.max())})"
+            f"Expected `{name}`{at} to hold integer token ids. "
+            f"Received: {name}.dtype={array.dtype}"
         )
-    return ids
+    if ndim is not None:
+        ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+        if array.ndim not in ranks:
+            what = (
+                "token ids of shape (batch, time)"
+                if ranks == (2,)
+                else f"a {_rank_text(ranks)} array of token ids"
+            )
+            raise ValueError(
+                f"Expected `{name}`{at} to be {what}. "
+                f"Received: {name}.shape={array.shape}"
+            )
+    if array.size:
+        low, high = array.min(), array.max()
+        too_large = vocabulary_size is not None and high >= vocabulary_size
+        if low < 0 or too_large:
+            bad = (array < 0) if vocabulary_size is None else (
+                (array < 0) | (array >= vocabulary_size)
+            )
+            position = tuple(int(i) for i in np.argwhere(bad)[0])
+            value = int(array[position])
+            expected = (
+                "non-negative token ids"
+                if vocabulary_size is None
+                else f"token ids in [0, {vocabulary_size})"
+            )
+            raise ValueError(
+                f"Expected `{name}`{at} to hold {expected}. Received: an id "
+                f"{value} at position {position} (min {int(low)}, max "
+                f"{int(high)})"
+            )
+    return array
+
+
+def sample_weights(name, weights, ids_shape, where=None):
+    """Checks sample weights: finite, non-negative, `(batch,)` or like the ids.
+
+    Returns them as a float32 NumPy array.
+    """
+    at = f" {where}" if where else ""
+    try:
+        array = np.asarray(to_host(weights), dtype="float32")
+    except Exception as error:
+        raise ValueError(
+            f"Expected `{name}`{at} to be an array of numbers. "
+            f"Received: {type(weights).__name__}"
+        ) from error
+    shapes = (tuple(ids_shape[:1]), tuple(ids_shape))
+    if array.shape not in shapes:
+        raise ValueError(
+            f"Expected `{name}`{at} to have shape {shapes[0]} (one weight "
+            f"per sequence) or {shapes[1]} (one per token). Received: "
+            f"{name}.shape={array.shape}"
+        )
+    bad = ~np.isfinite(array) | (array < 0)
+    if np.any(bad):
+        position = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"Expected `{name}`{at} to be finite and non-negative (a NaN or "
+            "infinite weight makes the loss, then every trained weight, "
+            f"non-finite). Received: {float(array[position])} at position "
+            f"{position}"
+        )
+    return array
+
+
+class _Checked(threading.local):
+    depth = 0
+
+
+_CHECKED = _Checked()
+
+
+@contextlib.contextmanager
+def ids_checked():
+    """Within it, `LanguageModel.__call__` does not check concrete ids again.
+
+    The entry points (`fit`, `evaluate`, `predict`, the evaluation helpers)
+    check their data once, up front or batch by batch on the host; the
+    model calls they make need no second check (on PyTorch every call is
+    eager and would copy the ids to the host again).
+    """
+    _CHECKED.depth += 1
+    try:
+        yield
+    finally:
+        _CHECKED.depth -= 1
+
+
+def in_ids_checked():
+    return _CHECKED.depth > 0

@@ -6,7 +6,7 @@ compiling a function that calls a model outside `fit` and taking gradients
 outside `fit`: TensorFlow traces it with `tf.function` and a
 `GradientTape`, JAX needs pure functions of the variables' values
 (`jax.jit`, `jax.value_and_grad`), PyTorch runs eagerly with autograd.
-Each backend module implements the same six functions:
+Each backend module implements the same functions:
 
 - `default_jit_compile(model) -> bool`: what `jit_compile="auto"` means.
 - `function(fn, jit_compile)`: compiles `fn`, a pure function of (nested
@@ -27,6 +27,24 @@ Each backend module implements the same six functions:
   built and trained data-parallel over `devices` (all visible devices by
   default) with the engine Keras already has for the backend; it yields the
   number of replicas.
+- `skip_non_finite_updates(optimizer)`: a context manager under which a
+  training step of `fit` does not apply `optimizer`'s update when a
+  gradient is not finite (as `keras.optimizers.LossScaleOptimizer` does),
+  inside the compiled step: the weights and every optimizer variable keep
+  their values. It patches the method the backend's trainer calls
+  (`apply`, or `stateless_apply` on JAX).
+- `keep_values_on_error(model)`: a context manager; if its body (a
+  Keras `fit`, `evaluate` or `predict`) raises, the variables of the
+  model, its optimizer and its metrics hold values afterwards: the last
+  state the trainer computed, or their values from before the body where
+  it had computed none. (JAX's trainers take the values out of the
+  variables while they run; TensorFlow and PyTorch update them in place.)
+- `is_concrete(x)`: whether `x`, a tensor given to a model call, has a
+  value now (eager), rather than being traced.
+- `check_dataset_on_host(dataset, check)`: a `tf.data.Dataset` whose
+  elements go through `check(index, numpy_element)` on the host before
+  they are used (one implementation, `_shared.py`: tf.data is
+  TensorFlow's on every backend).
 
 `get_backend_module()` returns the module of the active backend; importing
 this package imports no backend library.

@@ -16,6 +16,10 @@ import contextlib
 import jax
 import keras
 
+from keras_mogrifier.backend._shared import all_finite
+from keras_mogrifier.backend._shared import check_dataset_on_host  # noqa: F401
+from keras_mogrifier.backend._shared import patched
+from keras_mogrifier.backend._shared import trainer_variables
 from keras_mogrifier.backend._variables import model_state
 
 
@@ -133,3 +137,55 @@ def data_parallel(devices=None):
     distribution = keras.distribution.DataParallel(devices=devices or jax.devices())
     with distribution.scope():
         yield len(distribution.device_mesh.devices.flatten())
+
+
+@contextlib.contextmanager
+def skip_non_finite_updates(optimizer):
+    """`optimizer.stateless_apply` (what the JAX trainer calls) skips non-finite steps.
+
+    A `cond` between the update and the unchanged values, as
+    `LossScaleOptimizer.stateless_apply` does: nothing is copied.
+    """
+    original = optimizer.stateless_apply
+
+    def stateless_apply(optimizer_variables, grads, trainable_variables):
+        return keras.ops.cond(
+            all_finite(grads),
+            lambda: original(optimizer_variables, grads, trainable_variables),
+            lambda: (list(trainable_variables), list(optimizer_variables)),
+        )
+
+    with patched(optimizer, "stateless_apply", stateless_apply):
+        yield
+
+
+@contextlib.contextmanager
+def keep_values_on_error(model):
+    """Puts values back into variables the JAX trainer left empty on an error.
+
+    Keras's JAX `fit`, `evaluate` and `predict` take the values out of the
+    variables while they run (`_purge_model_variables`) and put the last
+    state back at the end; `evaluate` and `predict` do not when they raise,
+    and none does when the first step fails. Here the trainer's last state
+    is written back if it has one, and a variable still empty gets its
+    value from before the body (references, not copies: JAX arrays are
+    immutable; one donated to a step that completed is deleted, but then
+    the trainer has a later state).
+    """
+    variables = trainer_variables(model)
+    saved = [getattr(v, "_value", None) for v in variables]
+    try:
+        yield
+    except BaseException:
+        sync_training_state(model)
+        if getattr(model, "_jax_state", None) is not None:
+            model._jax_state = None  # written back; not to be applied again
+        for variable, value in zip(variables, saved):
+            if getattr(variable, "_value", None) is None and value is not None:
+                if not value.is_deleted():
+                    variable.assign(value)
+        raise
+
+
+def is_concrete(x):
+    return not isinstance(x, jax.core.Tracer)

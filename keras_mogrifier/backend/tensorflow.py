@@ -11,6 +11,10 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from keras_mogrifier.backend._shared import all_finite
+from keras_mogrifier.backend._shared import check_dataset_on_host  # noqa: F401
+from keras_mogrifier.backend._shared import patched
+
 
 def default_jit_compile(model):
     """XLA when a GPU is visible and every layer allows it.
@@ -71,3 +75,60 @@ def data_parallel(devices=None):
     strategy = tf.distribute.MirroredStrategy(devices)
     with strategy.scope():
         yield strategy.num_replicas_in_sync
+
+
+@contextlib.contextmanager
+def skip_non_finite_updates(optimizer):
+    """`optimizer.apply` (what `apply_gradients` calls) skips non-finite steps.
+
+    As `LossScaleOptimizer._tf_apply`: under a strategy that needs
+    `merge_call` (MirroredStrategy) the condition is taken in cross-replica
+    context, where a `cond` may contain the update's own `merge_call`.
+    """
+    original = optimizer.apply
+
+    def apply(grads, trainable_variables=None):
+        grads = list(grads)
+        if not optimizer.built and trainable_variables is not None:
+            # Outside the `cond`: variables cannot be created in a branch.
+            optimizer.build(list(trainable_variables))
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            keras.ops.cond(
+                all_finite(grads),
+                lambda: original(grads, trainable_variables),
+                lambda: None,
+            )
+            return
+
+        def cross_replica(distribution, grads, trainable_variables):
+            finite = distribution.experimental_local_results(
+                distribution.extended.call_for_each_replica(
+                    all_finite, args=(grads,)
+                )
+            )[0]
+
+            def update():
+                distribution.extended.call_for_each_replica(
+                    original, args=(grads, trainable_variables)
+                )
+
+            keras.ops.cond(finite, update, lambda: None)
+
+        tf.distribute.get_replica_context().merge_call(
+            cross_replica, args=(grads, trainable_variables)
+        )
+
+    with patched(optimizer, "apply", apply):
+        yield
+
+
+@contextlib.contextmanager
+def keep_values_on_error(model):
+    del model  # the trainer updates the variables in place
+    yield
+
+
+def is_concrete(x):
+    del x
+    return tf.executing_eagerly()
+

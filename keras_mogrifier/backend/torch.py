@@ -11,9 +11,14 @@ call runs in a `keras.StatelessScope`, so that the model's own assignments
 pass is done, and are then written into the variables.
 """
 
+import contextlib
+
 import keras
 import torch
 
+from keras_mogrifier.backend._shared import all_finite
+from keras_mogrifier.backend._shared import check_dataset_on_host  # noqa: F401
+from keras_mogrifier.backend._shared import patched
 from keras_mogrifier.backend._variables import model_state
 
 
@@ -82,3 +87,31 @@ def data_parallel(devices=None):
         "offers no multi-device `fit` with the PyTorch backend. Received: "
         f"backend 'torch', devices={devices!r}"
     )
+
+
+@contextlib.contextmanager
+def skip_non_finite_updates(optimizer):
+    """`optimizer.apply` (what the PyTorch trainer calls) skips non-finite steps.
+
+    The step runs eagerly: a Python branch on the (synchronised) flag.
+    """
+    original = optimizer.apply
+
+    def apply(grads, trainable_variables=None):
+        grads = list(grads)
+        if bool(all_finite(grads)):
+            original(grads, trainable_variables)
+
+    with patched(optimizer, "apply", apply):
+        yield
+
+
+@contextlib.contextmanager
+def keep_values_on_error(model):
+    del model  # the trainer updates the variables in place
+    yield
+
+
+def is_concrete(x):
+    del x
+    return not torch.compiler.is_compiling()

@@ -3,17 +3,22 @@
 import numpy as np
 import keras
 
+from keras_mogrifier import _validation
 from keras_mogrifier._validation import optional_positive_int
 from keras_mogrifier._validation import positive_int
 
 
 def _as_id_stream(ids):
-    ids = np.asarray(ids)
-    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
+    ids = _validation.to_host(ids)
+    if ids.ndim != 1 or not (
+        ids.size == 0 or (np.issubdtype(ids.dtype, np.integer) and ids.dtype != bool)
+    ):
         raise ValueError(
             "Expected `ids` to be a 1-D array of integer token ids. Received: "
             f"shape {ids.shape}, dtype {ids.dtype}"
         )
+    if ids.size:
+        _validation.token_ids("ids", ids, None)
     return ids
 
 
@@ -76,7 +81,9 @@ class StreamDataset(keras.utils.PyDataset):
     for you). `evaluate` and `predict` never shuffle.
 
     Args:
-        ids: 1-D int array. The token ids of a split (e.g. `corpus.train`).
+        ids: 1-D int array (or tensor). The token ids of a split (e.g.
+            `corpus.train`), non-negative; `check_token_ids` checks them
+            against a vocabulary size (`LanguageModel`'s entry points do).
         batch_size: int. The number of streams B.
         sequence_length: int. The window length T (BPTT length).
         drop_remainder: bool. Drop the last partial window (`True`) or keep
@@ -174,6 +181,35 @@ class StreamDataset(keras.utils.PyDataset):
         return (
             sum(self.window_length(k) for k in range(self._num_windows))
             * self.batch_size
+        )
+
+    def check_token_ids(self, vocabulary_size):
+        """Checks that every id the batches hold is below `vocabulary_size`.
+
+        Only the tokens the batches use are checked (`max_batches` and
+        `max_tokens` may leave the end of the streams out). Ids are known to
+        be non-negative integers (checked at construction).
+
+        Raises:
+            ValueError: naming the first batch holding a bad id (as input or
+                as target), the stream and the token's position in it.
+        """
+        vocabulary_size = positive_int("vocabulary_size", vocabulary_size)
+        used = min(
+            self.streams.shape[1], self._num_windows * self.sequence_length + 1
+        )
+        bad = self.streams[:, :used] >= vocabulary_size
+        if not np.any(bad):
+            return
+        token = int(np.flatnonzero(bad.any(axis=0))[0])
+        stream = int(np.flatnonzero(bad[:, token])[0])
+        # Token t is the input of batch t // T and the target of (t-1) // T.
+        batch = max(token - 1, 0) // self.sequence_length
+        raise ValueError(
+            f"Expected the token ids of the StreamDataset to be in [0, "
+            f"{vocabulary_size}) (the model's vocabulary). Received: an id "
+            f"{int(self.streams[stream, token])} in batch {batch} (stream "
+            f"{stream}, token {token} of the stream)"
         )
 
     def _check_index(self, index):

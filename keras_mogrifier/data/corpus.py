@@ -19,6 +19,7 @@ Two tokenisations:
 import bisect
 import gzip
 import os
+import zlib
 
 import numpy as np
 
@@ -51,11 +52,25 @@ def tokenize_line(line, level="word"):
 
 
 def read_lines(path):
-    """The lines of a UTF-8 text file, plain or gzip-compressed (`.gz`)."""
+    """The lines of a UTF-8 text file, plain or gzip-compressed (`.gz`).
+
+    Raises:
+        FileNotFoundError: if there is no such file.
+        ValueError: naming the file, if it cannot be read to its end as
+            UTF-8 text (a truncated or corrupt `.gz`, another encoding).
+    """
     path = os.fspath(path)
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", newline=None) as f:
-        text = f.read()
+    try:
+        with opener(path, "rt", encoding="utf-8", newline=None) as f:
+            text = f.read()
+    except (EOFError, UnicodeDecodeError, gzip.BadGzipFile, zlib.error) as error:
+        kind = "gzip-compressed UTF-8 text" if path.endswith(".gz") else "UTF-8 text"
+        raise ValueError(
+            f"Expected {path!r} to be a complete file of {kind}. Received: a "
+            f"file that cannot be read to its end ({type(error).__name__}: "
+            f"{error}); it may be truncated or corrupt: download it again"
+        ) from error
     # Only "\n" (after universal-newline translation) ends a line; Unicode
     # line separators inside a sentence are whitespace, as for `str.split`.
     lines = text.split("\n")

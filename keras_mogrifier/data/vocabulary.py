@@ -255,13 +255,35 @@ class Vocabulary:
 
     @classmethod
     def load(cls, path):
-        """Reads a vocabulary written by `save`."""
+        """Reads a vocabulary written by `save`.
+
+        Raises:
+            FileNotFoundError: if there is no such file.
+            ValueError: naming the file, if it is not a complete vocabulary
+                JSON file (truncated, not JSON, not written by `save`).
+        """
         path = os.fspath(path)
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(
+                "Expected a complete vocabulary JSON file written by "
+                f"`Vocabulary.save`. Received: {path!r}, which is not valid "
+                f"JSON ({error}); it may be truncated: save it again"
+            ) from error
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
             raise ValueError(
                 f"Expected a vocabulary JSON file written by `Vocabulary.save`. "
                 f"Received: {path!r} without the format tag {_FORMAT!r}"
             )
-        return cls(data["tokens"], data["eos_token"], data["unk_token"])
+        missing = [k for k in ("tokens", "eos_token", "unk_token") if k not in data]
+        if missing:
+            raise ValueError(
+                f"Expected a vocabulary JSON file written by `Vocabulary.save`. "
+                f"Received: {path!r} without the entries {missing}"
+            )
+        try:
+            return cls(data["tokens"], data["eos_token"], data["unk_token"])
+        except ValueError as error:
+            raise ValueError(f"In the vocabulary file {path!r}: {error}") from error

@@ -356,6 +356,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
             tensors.append(ops.convert_to_tensor(value))
         self._statistics = (variables, tensors)
 
+    @_validation.ids_checked()  # here, once (the model's calls need not)
     def collect_gradient_statistics(self, data, steps=None, batch_size=100, segment_length=None):
         """Gathers `MS_g`, the mean squared minibatch gradient, on training data.
 
@@ -407,6 +408,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
                     f"Received: {stream.shape[0]} tokens"
                 )
             self._check_batch(model, batch_size, "`batch_size`")
+            _check_output(model, batch_size, n)
             streams = stream[: length * batch_size].reshape(batch_size, length)
             batches = (
                 (streams[:, i * n : (i + 1) * n], streams[:, i * n + 1 : (i + 1) * n + 1])
@@ -430,6 +432,8 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 if steps is not None and count >= steps:
                     break
                 x, y, w = self._check_batch_pair(model, batch, limit)
+                if count == 0 and stream is None:
+                    _check_output(model, x.shape[0], x.shape[1])
                 # The gradient of the batch's (weighted) mean token loss.
                 v = w / max(float(np.sum(w)), 1.0)
                 token_losses, gradients = step(
@@ -452,6 +456,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
 
     # === Evaluation ===
 
+    @_validation.ids_checked()  # here, once (the model's calls need not)
     def evaluate(
         self,
         x,
@@ -548,6 +553,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 f"adaptation matrices ({stream_size}). Received: batch_size={batch_size}"
             )
         self._check_batch(model, batch_size, "`batch_size`")
+        _check_output(model, batch_size, self.segment_length)
 
         settings = self.settings()
         if not adapt:
@@ -799,6 +805,29 @@ class DynamicEvaluator(keras.callbacks.Callback):
         return built
 
 
+def _check_output(model, batch_size, time):
+    """Raises unless `model` maps ids `(batch, time)` to `(batch, time, vocab)`.
+
+    Found symbolically (`compute_output_spec`: nothing runs, no state
+    changes); a model that cannot be called symbolically is not checked here.
+    """
+    try:
+        spec = model.compute_output_spec(
+            keras.KerasTensor((batch_size, time), dtype="int32")
+        )
+        shape = tuple(spec.shape)
+    except Exception:
+        return
+    if len(shape) != 3 or shape[0] not in (None, batch_size) or shape[1] not in (
+        None, time
+    ):
+        raise ValueError(
+            "Expected the model to map token ids (batch, time) to logits "
+            "(batch, time, vocabulary). Received: a model whose output for "
+            f"inputs of shape {(batch_size, time)} has shape {shape}"
+        )
+
+
 def _token_losses(model, x, y):
     """Sparse cross-entropy of every token, float32, dropout off."""
     logits = ops.cast(model(x, training=False), "float32")
@@ -862,21 +891,7 @@ def _to_numpy(value):
 
 
 def _check_ids(array, name, limit):
-    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(
-            f"Expected `{name}` to hold integer token ids. Received dtype {array.dtype}"
-        )
-    if array.size and array.min() < 0:
-        raise ValueError(
-            f"Expected the token ids in `{name}` to be non-negative. Received "
-            f"id {int(array.min())}"
-        )
-    if limit is not None and array.size and array.max() >= limit:
-        raise ValueError(
-            f"Expected the token ids in `{name}` to be less than the vocabulary "
-            f"size {limit}. Received id {int(array.max())}"
-        )
-    return array.astype("int32")
+    return _validation.token_ids(name, array, limit).astype("int32")
 
 
 def _as_streams(x, name, limit):

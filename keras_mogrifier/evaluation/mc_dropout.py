@@ -98,15 +98,15 @@ def mc_dropout_evaluate(
             f"`model.build((batch, None))` first). Received: {model!r}"
         )
     if isinstance(data, StreamDataset):
+        data.check_token_ids(model.vocabulary_size)
         dataset = data
     else:
-        ids = np.asarray(data)
+        ids = _validation.token_ids("data", data, model.vocabulary_size)
         if ids.ndim != 1:
             raise ValueError(
                 "Expected `data` to be a 1-D stream of token ids or a "
                 f"StreamDataset. Received: an array of shape {ids.shape}"
             )
-        _validation.token_ids("data", ids, model.vocabulary_size)
         dataset = StreamDataset(
             ids,
             batch_size=batch_size or model.batch_size or 1,
@@ -129,14 +129,15 @@ def mc_dropout_evaluate(
     scorer = _MonteCarloScorer(ensemble, temperature, chunk_size)
     scorer.compile(jit_compile=jit_compile)
     total, count = 0.0, 0.0
-    for index in range(len(dataset)):
-        batch = dataset[index]
-        x, y = batch[0], batch[1]
-        weight = batch[2] if len(batch) > 2 else np.ones(y.shape, "float32")
-        nll = np.asarray(scorer.predict_on_batch({"ids": x, "targets": y}), "float64")
-        weight = np.asarray(weight, "float64")
-        total += float(np.sum(np.where(weight != 0, nll * weight, 0.0)))
-        count += float(np.sum(weight))
+    with _validation.ids_checked():  # above, once
+        for index in range(len(dataset)):
+            batch = dataset[index]
+            x, y = batch[0], batch[1]
+            weight = batch[2] if len(batch) > 2 else np.ones(y.shape, "float32")
+            nll = np.asarray(scorer.predict_on_batch({"ids": x, "targets": y}), "float64")
+            weight = np.asarray(weight, "float64")
+            total += float(np.sum(np.where(weight != 0, nll * weight, 0.0)))
+            count += float(np.sum(weight))
     loss = total / count
     return {
         "loss": loss,

@@ -6,6 +6,7 @@ from keras import ops
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.data.batching import StreamDataset
+from keras_mogrifier.evaluation import _recurrent_state
 
 DEFAULT_TEMPERATURES = tuple(round(1.06 - 0.02 * k, 2) for k in range(14))
 
@@ -25,13 +26,16 @@ def search_temperature(
     candidates run from 1.06 down in steps of 0.02 to 0.80. The model's
     logits are computed once per window (with τ = 1) and the loss of every
     candidate is accumulated from them, over at most `max_tokens` predicted
-    tokens of `ids`, with the recurrent state carried and reset before and
-    after.
+    tokens of `ids`, with the recurrent state carried from window to window,
+    starting from zero. Afterwards (also when it fails or is interrupted)
+    the model's carried state is what it was before, as after `evaluate`,
+    and so is its temperature unless `apply` sets the best one.
 
     Args:
         model: a `LanguageModel` (anything with `set_temperature`,
             `temperature` and `reset_states`).
-        ids: 1-D int array, the validation stream.
+        ids: 1-D int array, the validation stream (ids in
+            `[0, model.vocabulary_size)`).
         batch_size: int. Number of streams (at most the model's state room).
         sequence_length: int. Window length. Defaults to `35`.
         max_tokens: int. Tokens scored. Defaults to `50_000`.
@@ -56,6 +60,13 @@ def search_temperature(
     ]
     if not temperatures:
         raise ValueError("Expected at least one temperature. Received: []")
+    vocabulary_size = getattr(model, "vocabulary_size", None)
+    ids = _validation.token_ids("ids", ids, vocabulary_size, ndim=1)
+    batch_size = _validation.positive_int("batch_size", batch_size)
+    if getattr(model, "built", False):
+        message = _recurrent_state.batch_size_error(model, batch_size)
+        if message:
+            raise ValueError(message)
     data = StreamDataset(
         ids,
         batch_size=batch_size,
@@ -80,22 +91,25 @@ def search_temperature(
     step = backend.model_function(
         model, window_losses, backend.default_jit_compile(model)
     )
+    states = _recurrent_state.state_variables(model)
+    saved_states = _recurrent_state.snapshot(states)
     model.set_temperature(1.0)
     model.reset_states()
     try:
-        for index in range(len(data)):
-            x, y, weight = data[index]
-            weight = np.asarray(weight, "float32")
-            totals += ops.convert_to_numpy(
-                step(
-                    ops.convert_to_tensor(x, "int32"),
-                    ops.convert_to_tensor(y, "int32"),
-                    ops.convert_to_tensor(weight),
+        with _validation.ids_checked():
+            for index in range(len(data)):
+                x, y, weight = data[index]
+                weight = np.asarray(weight, "float32")
+                totals += ops.convert_to_numpy(
+                    step(
+                        ops.convert_to_tensor(x, "int32"),
+                        ops.convert_to_tensor(y, "int32"),
+                        ops.convert_to_tensor(weight),
+                    )
                 )
-            )
-            count += float(np.sum(weight))
+                count += float(np.sum(weight))
     finally:
-        model.reset_states()
+        _recurrent_state.assign(states, saved_states)
         model.set_temperature(original)
     losses = {tau: total / count for tau, total in zip(temperatures, totals)}
     best = min(losses, key=losses.get)

@@ -22,7 +22,8 @@ class TokenNLLMetric(keras.metrics.Metric):
     `result()` is computed by subclasses from `mean_nats()`, the
     token-weighted mean loss in nats over everything seen since the last
     `reset_state()`. Batches of different lengths therefore count by their
-    number of tokens, not equally.
+    number of tokens, not equally. Over zero tokens (total weight 0) the
+    result is NaN.
     """
 
     def __init__(self, name, dtype=None):
@@ -57,5 +58,9 @@ class TokenNLLMetric(keras.metrics.Metric):
         self.total_tokens.assign(ops.zeros((), self.total_tokens.dtype))
 
     def mean_nats(self):
-        """The token-weighted mean negative log-likelihood (nats)."""
-        return ops.divide_no_nan(self.total_nats, self.total_tokens)
+        """The token-weighted mean negative log-likelihood (nats).
+
+        NaN over zero tokens (nothing seen, or every weight 0): there is no
+        score, and NaN cannot be mistaken for a perfect one.
+        """
+        return ops.divide(self.total_nats, self.total_tokens)

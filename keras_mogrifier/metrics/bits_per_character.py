@@ -17,7 +17,8 @@ class BitsPerCharacter(TokenNLLMetric):
 
     `nll_t`, the sample axis, masks and `sample_weight` are handled exactly as
     in `Perplexity` (one token = one character at character level; for word
-    tokens the same number is "bits per word").
+    tokens the same number is "bits per word"). Over zero tokens (nothing
+    seen, or every weight 0) the result is NaN, not a perfect score of 0.
 
     Args:
         name: str. Name of the metric and its key in the logs of

@@ -23,7 +23,8 @@ class Perplexity(TokenNLLMetric):
     `IWAEDropoutLoss`). A Keras mask on `y_pred` and `sample_weight` (per
     token `(batch, time)` or per sequence `(batch,)`) weigh the tokens;
     padded tokens get weight 0. See `keras_mogrifier.losses.token_nll` for
-    the id checks.
+    the id checks. Over zero tokens (nothing seen, or every weight 0) the
+    result is NaN, not a perfect score of 1.
 
     Args:
         name: str. Name of the metric, which is also its key in the logs of

@@ -1,1 +1,2 @@
 from keras_mogrifier.models.language_model import LanguageModel
+from keras_mogrifier.models.non_finite_loss_error import NonFiniteLossError

@@ -1,18 +1,32 @@
+import threading
+
 import keras
-import numpy as np
 from keras import ops
 
 from keras_mogrifier import _validation
 from keras_mogrifier._export import register
+from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.layers.dual_output import DualOutput
 from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
 from keras_mogrifier.layers.rlstm_cell import RLSTMCell
 from keras_mogrifier.losses.chunked_log_softmax import chunked_target_log_softmax
 from keras_mogrifier.losses.iwae_dropout_loss import IWAEDropoutLoss
 from keras_mogrifier.metrics._token_nll_metric import TokenNLLMetric
+from keras_mogrifier.models import _input_checks
+from keras_mogrifier.models import _safe_calls
 
 CELLS = ("lstm", "mogrifier_lstm", "rlstm", "mogrifier_rlstm")
 DEFAULT_CHUNK_SIZE = 1024
+# What `with_options` may change: none of these changes a trained weight.
+WITH_OPTIONS = (
+    "input_dropout", "cell_output_dropout", "state_dropout", "output_dropout",
+    "dual_dropout", "samples", "softmax_chunk_size", "temperature", "stateful",
+    "batch_size", "l2", "seed", "adaptation_units", "adaptation_streams",
+    "adaptation_layer", "name",
+)
+# The carried state a guarded training step read, for `compute_loss` (one
+# per thread: MirroredStrategy traces its replicas in threads).
+_STEP_STATES = threading.local()
 
 
 @register
@@ -462,6 +476,8 @@ class LanguageModel(keras.Model):
                     self._read_state(v, rows)
                     for v in self.recurrent_state_variables[2 * layer : 2 * layer + 2]
                 ]
+                # (Before the state dropout: what the variable holds.)
+                self._remember_step_state(initial_state, layer, training)
                 if keep is not None:
                     initial_state = [s * ops.cast(keep, s.dtype) for s in initial_state]
             h, h_last, c_last = rnn(x, initial_state=initial_state, training=training)
@@ -525,6 +541,14 @@ class LanguageModel(keras.Model):
         # saved), and JAX traces values, never the variable itself.
         value = ops.convert_to_tensor(variable)
         return ops.copy(ops.slice(value, (0, 0), (rows, self.units)))
+
+    def _remember_step_state(self, initial_state, layer, training):
+        # For `_guard_non_finite_step` (in `fit` only).
+        if not (training is True and getattr(self, "_non_finite_guard", False)):
+            return
+        if layer == 0:
+            _STEP_STATES.values = (id(self), [])
+        _STEP_STATES.values[1].extend(initial_state)
 
     def _write_state(self, variable, state):
         # Truncated BPTT: the carried state is a constant for the next window.
@@ -599,6 +623,30 @@ class LanguageModel(keras.Model):
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
+        loss = self._objective(x, y, y_pred, sample_weight, training)
+        if training and getattr(self, "_non_finite_guard", False):
+            loss = self._guard_non_finite_step(loss)
+        return loss
+
+    def _guard_non_finite_step(self, loss):
+        """A training step whose loss is not finite changes nothing (`fit`).
+
+        Its change of the carried state is undone here, and every gradient
+        is made non-finite with the loss (× exactly 1 when it is finite),
+        so that the optimizer, patched for `fit`, skips the update.
+        """
+        finite = ops.all(ops.isfinite(loss))
+        remembered = getattr(_STEP_STATES, "values", None)
+        _STEP_STATES.values = None
+        if remembered is not None and remembered[0] == id(self):
+            for variable, before in zip(self.recurrent_state_variables, remembered[1]):
+                value = ops.convert_to_tensor(variable)
+                after = ops.slice(value, (0, 0), (ops.shape(before)[0], self.units))
+                kept = ops.where(finite, after, before)
+                variable.assign(ops.slice_update(value, (0, 0), kept))
+        return loss * (1.0 + ops.stop_gradient(0.0 * loss))
+
+    def _objective(self, x, y, y_pred, sample_weight, training):
         loss = self.loss
         if (
             isinstance(loss, IWAEDropoutLoss)
@@ -775,19 +823,82 @@ class LanguageModel(keras.Model):
 
     # === Training and evaluation entry points ===
 
-    def fit(self, x=None, y=None, *args, callbacks=None, **kwargs):
-        self._check_ids(x, "x")
-        self._check_ids(y, "y")
-        callbacks = list(callbacks or [])
+    def fit(
+        self, x=None, y=None, *args, callbacks=None, stop_on_non_finite=True,
+        **kwargs,
+    ):
+        """Trains the model: `keras.Model.fit`, with what it is given checked.
+
+        Everything given is checked before anything changes (token ids,
+        shapes, sample weights, batch sizes against the carried state, and
+        `shuffle`, which a stateful model refuses); data that comes batch by
+        batch is checked on the host as each batch is fetched, before its
+        update. A stateful model resets its carried state at the start of
+        every epoch.
+
+        A step whose loss (or a gradient) is NaN or infinite is not applied
+        and does not move the carried state; with `stop_on_non_finite=True`
+        (the default) training then stops with a `NonFiniteLossError`,
+        leaving the model at its last finite step, unless a
+        `DivergenceRecovery` among the callbacks restarts it from a
+        checkpoint. With `stop_on_non_finite=False` nothing of this is done
+        (Keras's behaviour: the weights become non-finite). If `fit` fails
+        before its first step has completed (an error, an interrupt), every
+        weight and optimizer variable is put back as it was. See
+        docs/guarantees.md.
+
+        Args:
+            x, y, *args, callbacks, **kwargs: as `keras.Model.fit`.
+            stop_on_non_finite: bool. See above. Defaults to `True`.
+        """
+        if not isinstance(stop_on_non_finite, bool):
+            raise ValueError(
+                "Expected `stop_on_non_finite` to be a bool. Received: "
+                f"stop_on_non_finite={stop_on_non_finite!r}"
+            )
+        arguments = _input_checks.bind(keras.Model.fit, x, y, *args, **kwargs)
+        callbacks = list(arguments.pop("callbacks", None) or callbacks or [])
+        if self.stateful and arguments.get("shuffle", False):
+            raise ValueError(
+                "Expected `shuffle=False` for a stateful LanguageModel: it "
+                "carries the recurrent state from one batch to the next, so "
+                "the windows of each stream must arrive in order (truncated "
+                "backpropagation through time); shuffled, each window would "
+                "start from another window's state. Use stateful=False to "
+                f"train on shuffled independent sequences. Received: "
+                f"shuffle={arguments['shuffle']!r}"
+            )
+        batch_size = arguments.get("batch_size")
+        arguments["x"], check = _input_checks.prepare(
+            self, arguments.get("x"), arguments.get("y"),
+            arguments.get("sample_weight"), batch_size, training=True,
+            targets=True, role="training data",
+        )
+        validation, validation_check = _input_checks.prepare_validation_data(
+            self, arguments.get("validation_data"),
+            arguments.get("validation_batch_size") or batch_size,
+        )
+        if validation is not None:
+            arguments["validation_data"] = validation
         if self.stateful:
             callbacks.insert(0, _ResetStatesEachEpoch())
             # Windows must arrive in order for the state to be carried.
-            kwargs.setdefault("shuffle", False)
-        return super().fit(x, y, *args, callbacks=callbacks, **kwargs)
+            arguments.setdefault("shuffle", False)
+        with _safe_calls.guarded_fit(
+            self, callbacks, stop_on_non_finite, [check, validation_check]
+        ) as callbacks:
+            return super().fit(callbacks=callbacks, **arguments)
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
-        self._check_ids(x, "x")
-        self._check_ids(y, "y")
+        arguments = _input_checks.bind(keras.Model.evaluate, x, y, *args, **kwargs)
+        check = None
+        if not arguments.get("_use_cached_eval_dataset", False):
+            # (Inside `fit`, the validation data was checked by `fit`.)
+            arguments["x"], check = _input_checks.prepare(
+                self, arguments.get("x"), arguments.get("y"),
+                arguments.get("sample_weight"), arguments.get("batch_size"),
+                training=False, targets=True, role="data",
+            )
         # Evaluation starts from zero state and leaves the carried training
         # state as it found it, so evaluating mid-epoch (e.g. Two-Tailed
         # Averaging every E steps) does not disturb truncated BPTT.
@@ -795,19 +906,77 @@ class LanguageModel(keras.Model):
         saved = [ops.copy(v) for v in carried]
         self.reset_states()
         try:
-            return super().evaluate(x, y, *args, **kwargs)
+            with _safe_calls.guarded_call(self, [check]):
+                return super().evaluate(**arguments)
         finally:
             for variable, value in zip(carried, saved):
                 variable.assign(value)
 
     def predict(self, x, *args, **kwargs):
-        self._check_ids(x, "x")
-        return super().predict(x, *args, **kwargs)
+        arguments = _input_checks.bind(keras.Model.predict, x, *args, **kwargs)
+        arguments["x"], check = _input_checks.prepare(
+            self, arguments.get("x"), None, None, arguments.get("batch_size"),
+            training=False, targets=False, role="data",
+        )
+        # The carried state moves on with the windows predicted; if `predict`
+        # fails, it is put back.
+        carried = list(getattr(self, "recurrent_state_variables", []))
+        with _safe_calls.guarded_call(self, [check], carried):
+            return super().predict(**arguments)
 
-    def _check_ids(self, data, name):
-        if data is None or not isinstance(data, np.ndarray):
+    def __call__(self, *args, **kwargs):
+        inputs = args[0] if args else kwargs.get("inputs")
+        training = kwargs.get("training", args[1] if len(args) > 1 else None)
+        self._check_call_inputs(inputs, training is True)
+        return super().__call__(*args, **kwargs)
+
+    def _check_call_inputs(self, inputs, training):
+        """Shapes always (statically); ids when the call is eager.
+
+        Ids given to `fit`, `evaluate`, `predict` and the evaluation helpers
+        were checked there (`_validation.ids_checked`).
+        """
+        if isinstance(inputs, (list, tuple)):
+            inputs = self.check_token_ids(inputs, "inputs")
+        shape = getattr(inputs, "shape", None)
+        if shape is None:
             return
-        _validation.token_ids(name, data, self.vocabulary_size)
+        try:
+            shape = tuple(shape)
+        except ValueError:  # TensorFlow: unknown rank
+            return
+        if len(shape) != 2:
+            raise ValueError(
+                "Expected token ids of shape (batch, time). "
+                f"Received: inputs.shape={shape}"
+            )
+        rows = shape[0] if isinstance(shape[0], int) else None
+        _input_checks.check_rows(self, rows, training, f"inputs.shape={shape}")
+        if isinstance(inputs, keras.KerasTensor) or _validation.in_ids_checked():
+            return
+        if _input_checks.is_host_array(inputs) or get_backend_module().is_concrete(inputs):
+            self.check_token_ids(inputs, "inputs")
+
+    def check_token_ids(self, ids, name="ids", ndim=2):
+        """Checks token ids for this model; returns them as a NumPy array.
+
+        The one check every entry point uses: integer dtype, rank `ndim`
+        and every id in `[0, vocabulary_size)`. Accepts NumPy arrays, lists
+        and tensors of any backend (copied to the host).
+
+        Args:
+            ids: the token ids.
+            name: str. Their name in the error message. Defaults to `"ids"`.
+            ndim: int, tuple of int or None. Allowed ranks. Defaults to `2`
+                (`(batch, time)`).
+
+        Returns:
+            The ids as a NumPy array.
+
+        Raises:
+            ValueError: saying what was expected and what was received.
+        """
+        return _validation.token_ids(name, ids, self.vocabulary_size, ndim=ndim)
 
     # === Config ===
 
@@ -866,11 +1035,31 @@ class LanguageModel(keras.Model):
         `model.with_options(adaptation_units=500)` for sparse dynamic
         evaluation (the adaptation matrix starts at zero). Weights are copied
         by name; the new model's recurrent state starts at zero.
+
+        Only arguments that change no trained weight may be overridden:
+        the dropout rates, `samples`, `softmax_chunk_size`, `temperature`,
+        `stateful`, `batch_size`, `l2`, `seed`, the `adaptation_*`
+        arguments and `name` (see `WITH_OPTIONS`). Others (`units`,
+        `num_layers`, `vocabulary_size`, `embedding_dim`, `cell`,
+        `mogrifier_rounds`, `mogrifier_rank`, `dual`, ...) would make a
+        model of other weights: build a new `LanguageModel` for that.
+
+        Raises:
+            ValueError: for an argument not in `WITH_OPTIONS`.
         """
+        refused = sorted(set(overrides) - set(WITH_OPTIONS))
+        if refused:
+            shown = ", ".join(f"{k}={overrides[k]!r}" for k in refused)
+            raise ValueError(
+                "Expected `with_options` to override only arguments that "
+                f"keep every trained weight: {sorted(WITH_OPTIONS)}; build a "
+                "new LanguageModel to change the architecture. Received: "
+                f"{shown}"
+            )
         config = self.get_config()
-        config.update(overrides)
         for key in ("name", "trainable", "dtype"):
             config.pop(key, None)
+        config.update(overrides)
         clone = self.__class__.from_config(config)
         batch = clone.batch_size
         if batch is None and clone.stateful:
@@ -883,6 +1072,8 @@ class LanguageModel(keras.Model):
                 key = _local_path(variable)
                 if key.startswith("state_") or key not in source:
                     continue
+                if key == "temperature" and "temperature" in overrides:
+                    continue  # the new value, set by the constructor
                 if tuple(source[key].shape) == tuple(variable.shape):
                     # A copy: on JAX, two variables must not share a buffer.
                     variable.assign(ops.copy(source[key]))

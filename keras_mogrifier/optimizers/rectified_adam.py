@@ -1,4 +1,5 @@
 import math
+import numbers
 
 import keras
 from keras import ops
@@ -58,14 +59,16 @@ class RectifiedAdam(keras.optimizers.Optimizer):
 
     Args:
         learning_rate: float, `keras.optimizers.schedules.LearningRateSchedule`
-            or callable. The learning rate `lr`. Defaults to `0.001`.
+            or callable. The learning rate `lr`; a float must be finite and
+            non-negative. Defaults to `0.001`.
         beta_1: float in [0, 1). Decay rate of the first moment. Defaults to
             `0.9`.
         beta_2: float in [0, 1). Decay rate of the second moment. With
             `beta_2 <= 2/3`, `ρ∞ <= 5` and every step is un-adapted.
             Defaults to `0.999`.
-        epsilon: float >= 0. Added to `sqrt(v_t)` (outside the square root,
-            as in torch). Defaults to `1e-8` (torch's default, not Keras's
+        epsilon: float > 0. Added to `sqrt(v_t)` (outside the square root,
+            as in torch); with 0, a weight whose gradients have all been 0
+            (an embedding row no batch used) would become NaN. Defaults to `1e-8` (torch's default, not Keras's
             `1e-7`).
         decoupled_weight_decay: bool. See above. Defaults to `True`.
         weight_decay: float or None. Weight decay coefficient. Defaults to
@@ -122,9 +125,16 @@ class RectifiedAdam(keras.optimizers.Optimizer):
         name=None,
         **kwargs,
     ):
+        if isinstance(learning_rate, numbers.Real):
+            # A schedule or a callable is checked by Keras (or not at all).
+            learning_rate = _validation.non_negative_float(
+                "learning_rate", learning_rate
+            )
         beta_1 = _validation.rate("beta_1", beta_1)
         beta_2 = _validation.rate("beta_2", beta_2)
-        epsilon = _validation.non_negative_float("epsilon", epsilon)
+        # ε = 0 divides 0 by 0 for a weight whose gradients have all been 0
+        # so far (an embedding row no batch used), which is NaN.
+        epsilon = _validation.positive_float("epsilon", epsilon)
         if not isinstance(decoupled_weight_decay, bool):
             raise ValueError(
                 "Expected `decoupled_weight_decay` to be a bool. Received: "

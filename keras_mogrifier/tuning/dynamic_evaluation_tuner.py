@@ -546,15 +546,10 @@ def _save_statistics(path, key, statistics):
 
 
 def _token_stream(name, data):
-    array = np.asarray(data)
-    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer) or array.size < 2:
+    array = _validation.token_ids(name, data, None, ndim=1)
+    if array.size < 2:
         raise ValueError(
             f"Expected `{name}` to be a 1-D array of at least 2 token ids. "
-            f"Received: shape {array.shape}, dtype {array.dtype}"
-        )
-    if array.min() < 0:
-        raise ValueError(
-            f"Expected the token ids of `{name}` to be non-negative. Received "
-            f"id {int(array.min())}"
+            f"Received: shape {array.shape}"
         )
     return array

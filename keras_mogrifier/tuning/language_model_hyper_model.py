@@ -10,6 +10,7 @@ import numpy as np
 from keras_mogrifier import _validation
 from keras_mogrifier.data.batching import StreamDataset
 from keras_mogrifier.models.language_model import LanguageModel
+from keras_mogrifier.models.non_finite_loss_error import NonFiniteLossError
 from keras_mogrifier.pipeline import language_modeling
 from keras_mogrifier.pipeline.units import summed_loss_clipnorm
 from keras_mogrifier.pipeline.units import summed_loss_l2
@@ -73,7 +74,8 @@ class LanguageModelHyperModel(keras_tuner.HyperModel):
       conditional scopes), and left out when those are fixed otherwise.
 
     Trials that diverge — a non-finite training loss at the end (training
-    stops at the first one, `keras.callbacks.TerminateOnNaN`) or no finite
+    stops at the first one: `NonFiniteLossError`, or
+    `keras.callbacks.TerminateOnNaN` for other models) or no finite
     `val_perplexity` in any epoch — raise `keras_tuner.errors.FailedTrialError`,
     so KerasTuner records them as `FAILED` and goes on (BayesianOptimization
     leaves them out of its model). KerasTuner stops a search after
@@ -348,13 +350,20 @@ class LanguageModelHyperModel(keras_tuner.HyperModel):
         if not training.get("divergence_recovery"):
             extra.append(keras.callbacks.TerminateOnNaN())
         kwargs["shuffle"] = False  # windows in order: the state is carried
-        history = model.fit(
-            train,
-            validation_data=valid,
-            epochs=epochs,
-            callbacks=extra + list(callbacks or []),
-            **kwargs,
-        )
+        try:
+            history = model.fit(
+                train,
+                validation_data=valid,
+                epochs=epochs,
+                callbacks=extra + list(callbacks or []),
+                **kwargs,
+            )
+        except NonFiniteLossError as error:
+            raise keras_tuner.errors.FailedTrialError(
+                "The trial diverged: non-finite training loss "
+                f"({error.loss}) at batch {error.batch} of epoch {error.epoch}; "
+                "training stopped there."
+            ) from error
         losses = history.history.get("loss", [])
         objective = history.history.get(LANGUAGE_MODEL_OBJECTIVE.name, [])
         if not losses or not math.isfinite(losses[-1]):

@@ -630,8 +630,8 @@ def trained_evaluator():
 
 
 BAD_EVALUATE = {
-    "id_too_large": (dict(x=np.array([1, 2, VOCAB])), "less than the vocabulary"),
-    "negative_id": (dict(x=np.array([1, -1, 2])), "non-negative"),
+    "id_too_large": (dict(x=np.array([1, 2, VOCAB])), r"token ids in \[0, "),
+    "negative_id": (dict(x=np.array([1, -1, 2])), r"token ids in \[0, .*an id -1"),
     "one_token": (dict(x=np.array([3])), "at least 2 tokens"),
     "float_ids": (dict(x=np.array([1.0, 2.0, 3.0])), "integer token ids"),
     "three_dims": (dict(x=np.zeros((1, 2, 3), "int32")), "1-D"),
@@ -720,7 +720,7 @@ def test_bad_gradient_data_raises():
     statistics = ev.gradient_statistics
     with pytest.raises(ValueError, match="at least"):
         ev.collect_gradient_statistics(np.arange(5), batch_size=1)
-    with pytest.raises(ValueError, match="less than the vocabulary"):
+    with pytest.raises(ValueError, match=r"token ids in \[0, "):
         ev.collect_gradient_statistics(np.arange(40), batch_size=1)
     with pytest.raises(ValueError, match="1-D stream"):
         ev.collect_gradient_statistics(np.zeros((4, 4), "int32"))
