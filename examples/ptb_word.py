@@ -136,6 +136,8 @@ def main(argv=None, level="word", default_preset="tiny"):
     unit = "bits per character" if level == "char" else "perplexity"
     print(f"\nfinal ({corpus.source} corpus, preset {args.preset}):")
     for key in ("valid_perplexity", "test_perplexity",
+                "valid_perplexity_tau1", "valid_perplexity_tau1_one_stream",
+                "test_perplexity_tau1_one_stream",
                 "valid_dynamic_perplexity", "test_dynamic_perplexity"):
         if key in results:
             value = results[key]

