@@ -80,6 +80,15 @@ def main():
                 "valid_perplexity": results["valid_perplexity"],
                 "test_perplexity": results["test_perplexity"],
                 "temperature": results["temperature"],
+                # Like for like with Zaremba (main.lua run_valid / run_test):
+                # τ = 1; validation on 20 streams, test on one stream.
+                "valid_perplexity_tau1": results["valid_perplexity_tau1"],
+                "valid_perplexity_tau1_one_stream": results[
+                    "valid_perplexity_tau1_one_stream"
+                ],
+                "test_perplexity_tau1_one_stream": results[
+                    "test_perplexity_tau1_one_stream"
+                ],
                 "valid_curve": results["valid_perplexity_curve"],
                 "train_tokens_per_second": results["train_tokens_per_second"],
                 "wall_seconds": time.time() - start,
@@ -96,12 +105,17 @@ def main():
 
 
 def print_table(rows):
-    print("| cell | epochs | valid ppl | test ppl | τ | train tokens/s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| cell | epochs | τ | valid ppl (τ) | test ppl (τ) | valid ppl (τ = 1) "
+        "| test ppl (τ = 1, one stream) | train tokens/s |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(
-            f"| {r['cell']} | {r['epochs']} | {r['valid_perplexity']:.1f} | "
-            f"{r['test_perplexity']:.1f} | {r['temperature']:.2f} | "
+            f"| {r['cell']} | {r['epochs']} | {r['temperature']:.2f} | "
+            f"{r['valid_perplexity']:.2f} | {r['test_perplexity']:.2f} | "
+            f"{r['valid_perplexity_tau1']:.2f} | "
+            f"{r['test_perplexity_tau1_one_stream']:.2f} | "
             f"{r['train_tokens_per_second']:.0f} |"
         )
 

@@ -10,6 +10,7 @@ from keras_mogrifier.callbacks import DivergenceRecovery
 from keras_mogrifier.callbacks import TwoTailedAveraging
 from keras_mogrifier.evaluation import DivergenceError
 from keras_mogrifier.evaluation import DynamicEvaluator
+from keras_mogrifier.evaluation import evaluate_stream
 from keras_mogrifier.evaluation import mc_dropout_evaluate
 from keras_mogrifier.evaluation import NeuralCache
 from keras_mogrifier.evaluation import search_dynamic_evaluation

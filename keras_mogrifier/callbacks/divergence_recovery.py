@@ -43,11 +43,18 @@ class DivergenceRecovery(keras.callbacks.Callback):
        moments, the step counter, the learning rate, a
        `LossScaleOptimizer`'s scale, the averages of a
        `TwoTailedAveragingOptimizer`) from its checkpoint,
-    2. sets the learning rate to `learning_rate_decay**k ×` the checkpoint's
-       learning rate, `k` being the number of recoveries so far (so the
-       second recovery from the same checkpoint uses `0.81 ×` with the
-       default `0.9`: the learning rate is part of the restored state, so
-       it is multiplied after the restore),
+    2. multiplies the learning rate by `learning_rate_decay` once per
+       recovery so far: the rate becomes `learning_rate_decay**k ×` the
+       rate training would have had without any recovery, `k` being the
+       number of recoveries so far (Circling Back §5: "multiply the
+       learning rate by 0.9" at each divergence). The learning rate is part
+       of the restored state, so it is set after the restore, from the
+       checkpoint's rate and the cuts it already contains: a checkpoint
+       saved after `k₀` recoveries holds a rate already cut `k₀` times and
+       gets `learning_rate_decay**(k − k₀)`. So with the default `0.9` a
+       rate of 1.0 goes 0.9, 0.81, 0.729, … whether the recoveries restore
+       the same checkpoint or a newer one saved in between (never 0.9,
+       then 0.9³ = 0.729 from a checkpoint saved at 0.9),
     3. resets the model's metrics (the logged `loss` is a running mean over
        the epoch, which a non-finite batch would poison) and continues.
 
@@ -190,7 +197,11 @@ class DivergenceRecovery(keras.callbacks.Callback):
         optimizer_values = _snapshot(self._optimizer_variables())
         if not _all_finite(weights) or not _no_nan(optimizer_values):
             return False
-        info = dict(info, learning_rate=self._learning_rate())
+        # The cuts already in this rate: a later recovery from this
+        # checkpoint applies only the ones made since (see `_recover`).
+        info = dict(
+            info, learning_rate=self._learning_rate(), recoveries=self.recoveries
+        )
         if self.filepath is None:
             self._checkpoint = (weights, optimizer_values)
         else:
@@ -241,9 +252,11 @@ class DivergenceRecovery(keras.callbacks.Callback):
             raise RuntimeError(message)
         self.recoveries += 1
         self.consecutive_recoveries += 1
-        learning_rate = self.learning_rate_decay**self.recoveries * info[
-            "learning_rate"
-        ]
+        # 0.9ᵏ × the uncut rate: the checkpoint's rate already holds the
+        # cuts of the recoveries made before it was saved.
+        learning_rate = self.learning_rate_decay ** (
+            self.recoveries - info["recoveries"]
+        ) * info["learning_rate"]
         self.model.optimizer.learning_rate = learning_rate
         self.model.reset_metrics()
         self._recovered_this_epoch = True

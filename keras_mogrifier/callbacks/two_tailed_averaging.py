@@ -33,19 +33,20 @@ class TwoTailedAveraging(keras.callbacks.Callback):
     data and applies `keras_mogrifier.optimizers.TwoTailedController`'s rule:
     switch (`θL ← θS`, `S ← 0`) when the short average is at least as good
     or the long one stagnates, restart the short one when it stagnates, and
-    early in training, while the raw weights beat both averages, restart
-    both. Each evaluation is logged (`logging` and, with `verbose=1`,
+    (Algorithm 2 of the paper) use the raw weights whenever they are at
+    least as good as the long average, restarting both averages when that
+    average holds only the last `E` iterates. Each evaluation is logged (`logging` and, with `verbose=1`,
     printed) with the losses, the decision, the weights in use and the
     lengths `S` and `L`; `evaluations` keeps the records (dicts).
 
     Which weights are used:
 
     - Validation inside `fit` (`validation_data=` of `fit`) sees the weights
-      in use, `θL` (the raw weights during the early phase); training
-      continues from the raw weights afterwards.
+      in use, `θL` (or the raw weights when the last evaluation chose them);
+      training continues from the raw weights afterwards.
     - At the end of `fit` the model holds the weights in use: `θL`, or the
-      raw weights while the early phase lasts (also when no evaluation has
-      happened yet). So `evaluate`, `predict` and `save` use the average.
+      raw weights when the last evaluation chose them (also when no
+      evaluation has happened yet). So `evaluate`, `predict` and `save` use the average.
       The raw weights are kept in `raw_weights`; `restore_raw_weights()`
       puts them back (do that before saving a model to resume training
       from). A later `fit` with the same callback restores them by itself.
@@ -66,8 +67,11 @@ class TwoTailedAveraging(keras.callbacks.Callback):
         patience: int or None. Evaluations without improvement before a
             stagnating average is switched out or restarted; `None` for the
             paper's basic rule. Defaults to `3`.
-        prefer_raw_early: bool. Restart both averages while the raw weights
-            are better than both. Defaults to `True`.
+        prefer_raw_early: bool. Use the raw weights at any evaluation where
+            they are at least as good as the long average, and restart both
+            averages when that average holds only the last `E` iterates
+            (Algorithm 2 of the paper; see `TwoTailedController`). Defaults
+            to `True`.
         monitor: str. Which entry of `model.evaluate(..., return_dict=True)`
             is the loss to minimise. Defaults to `"loss"`.
         validation_steps: int or None. Passed to `model.evaluate` as `steps`.
@@ -240,7 +244,10 @@ class TwoTailedAveraging(keras.callbacks.Callback):
             variable.assign(value)
 
         self._read_controller_state()
-        decision = self.controller.decide(raw_loss, short_loss, long_loss)
+        decision = self.controller.decide(
+            raw_loss, short_loss, long_loss, short_count, long_count,
+            self.evaluation_frequency,
+        )
         if decision.action == "switch":
             self._optimizer.switch()
         elif decision.action == "restart_short":

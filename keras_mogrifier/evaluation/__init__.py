@@ -6,3 +6,4 @@ from keras_mogrifier.evaluation.dynamic_evaluator import DynamicEvaluator
 from keras_mogrifier.evaluation.dynamic_evaluation_search import search_dynamic_evaluation
 from keras_mogrifier.evaluation.mc_dropout import mc_dropout_evaluate
 from keras_mogrifier.evaluation.neural_cache import NeuralCache
+from keras_mogrifier.evaluation.temperature import evaluate_stream

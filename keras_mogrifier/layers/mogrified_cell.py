@@ -40,6 +40,7 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
         bias_initializer="zeros",
         unit_forget_bias=True,
         chrono_t_max=None,
+        chrono_input_bias=True,
         kernel_regularizer=None,
         recurrent_regularizer=None,
         bias_regularizer=None,
@@ -108,6 +109,7 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
         self.bias_initializer = initializers.get(bias_initializer)
         self.unit_forget_bias = bool(unit_forget_bias)
         self.chrono_t_max = chrono_t_max
+        self.chrono_input_bias = bool(chrono_input_bias)
         self.kernel_regularizer = regularizers.get(kernel_regularizer)
         self.recurrent_regularizer = regularizers.get(recurrent_regularizer)
         self.bias_regularizer = regularizers.get(bias_regularizer)
@@ -183,13 +185,14 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
         else:
             self.adaptation_kernel = None
 
-    def gate_bias_initializer(self, gates, input_gate=None):
+    def gate_bias_initializer(self, gates, input_gate="i"):
         """An initializer for a bias made of `gates` blocks of `units`.
 
         Block `gates.index("f")` is the forget bias: Chrono when
         `chrono_t_max` is set, else ones when `unit_forget_bias`, else
-        `bias_initializer`. With Chrono, block `input_gate` (if given) is set
-        to minus the forget bias, as in the original method.
+        `bias_initializer`. With Chrono and `chrono_input_bias`, block
+        `input_gate` is set to minus the forget bias, as in the original
+        method (Tallec & Ollivier, 2018: `b_i = −b_f`).
         """
         units = self.units
         forget = gates.index("f")
@@ -209,7 +212,7 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
                 blocks[forget] = ops.ones((units,), dtype=dtype)
             else:
                 blocks[forget] = chrono((units,), dtype=dtype)
-                if input_gate is not None:
+                if self.chrono_input_bias:
                     blocks[gates.index(input_gate)] = -blocks[forget]
             return ops.concatenate(blocks)
 
@@ -274,6 +277,7 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
                 ),
                 "unit_forget_bias": self.unit_forget_bias,
                 "chrono_t_max": self.chrono_t_max,
+                "chrono_input_bias": self.chrono_input_bias,
                 "kernel_regularizer": regularizers.serialize(
                     self.kernel_regularizer
                 ),

@@ -49,8 +49,14 @@ class MogrifierLSTMCell(MogrifiedCell):
         unit_forget_bias: bool. Initialise the forget bias to 1 (ignored when
             `chrono_t_max` is set). Defaults to `True`.
         chrono_t_max: float or None. If set, Chrono initialisation: the forget
-            bias from `ChronoInitializer(chrono_t_max)` and the input bias its
-            negative. Defaults to `None`.
+            bias from `ChronoInitializer(chrono_t_max)`, and (with
+            `chrono_input_bias`) the input bias its negative. Defaults to
+            `None`.
+        chrono_input_bias: bool. With `chrono_t_max`, also set the input
+            bias to `−b_f`, as original Chrono does (Tallec & Ollivier 2018); `False` initialises only the forget bias, the reading of
+            Circling Back §3 ("Forget gates are initialized with Chrono
+            init"), leaving the input bias to `bias_initializer`. Defaults to
+            `True`, the same for every cell.
         kernel_regularizer: regularizer of `kernel` and of the mogrifier's
             matrices. Defaults to `None`.
         recurrent_regularizer: regularizer of `recurrent_kernel`. Defaults to
@@ -121,9 +127,7 @@ class MogrifierLSTMCell(MogrifiedCell):
             self.add_weight(
                 shape=(4 * n,),
                 name="bias",
-                initializer=self.gate_bias_initializer(
-                    ("i", "f", "j", "o"), input_gate="i"
-                ),
+                initializer=self.gate_bias_initializer(("i", "f", "j", "o")),
                 regularizer=self.bias_regularizer,
                 constraint=self.bias_constraint,
             )

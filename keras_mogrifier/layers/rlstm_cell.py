@@ -50,8 +50,17 @@ class RLSTMCell(MogrifiedCell):
         bias_initializer: initializer of `bias`. Defaults to `"zeros"`.
         unit_forget_bias: bool. Initialise the forget bias to 1 (ignored when
             `chrono_t_max` is set). Defaults to `True`.
-        chrono_t_max: float or None. If set, the forget bias is initialised
-            by `ChronoInitializer(chrono_t_max)`. Defaults to `None`.
+        chrono_t_max: float or None. If set, Chrono initialisation: the forget
+            bias from `ChronoInitializer(chrono_t_max)`, and (with
+            `chrono_input_bias`) the input bias its negative. Defaults to
+            `None`.
+        chrono_input_bias: bool. With `chrono_t_max`, also set the input
+            bias `b_i` to `−b_f`, as original Chrono does (Tallec & Ollivier
+            2018) and as `MogrifierLSTMCell` does; `False` initialises
+            only the forget bias, the reading of Circling Back §3 ("Forget
+            gates are initialized with Chrono init"), which does not say
+            more. In the RLSTM `i` also feeds the forget gate through
+            `i ⊙ j`. Defaults to `True`, the same for every cell.
         kernel_regularizer: regularizer of `kernel`, `forget_kernel` and the
             mogrifier's matrices. Defaults to `None`.
         recurrent_regularizer: regularizer of `recurrent_kernel` and

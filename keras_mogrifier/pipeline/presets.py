@@ -13,7 +13,10 @@ A preset is a dict with two parts: `"model"`, the arguments of
   (biases included) uniform in ±0.1, SGD at learning rate 1 for epochs 1–5
   and halved before each later epoch (epoch 13 at 2⁻⁸; `main.lua`: `if epoch
   > max_epoch (4) then lr = lr / 2`, checked after each epoch), gradient norm
-  clipped at 5, 13 epochs. Published test perplexity: 114.5. Their loss is
+  clipped at 5, 13 epochs. Published test perplexity: 114.5, at τ = 1 on one
+  sequential stream (`main.lua` `run_test`): compare it with
+  `run_experiment`'s `test_perplexity_tau1_one_stream`, not with the tuned
+  `test_perplexity`. Their loss is
   the sum over the 20 time steps of a window (mean over the batch); ours is
   the per-token mean, so the same updates are SGD at 20 with the global norm
   clipped at 0.25 (= 5 / 20), which is what the preset sets.
@@ -35,6 +38,9 @@ A preset is a dict with two parts: `"model"`, the arguments of
   second layer's input; here the cell-output mask also multiplies the last
   layer's output before the output dropout, so these rates are starting
   values for the Circling Back architecture, to be re-tuned.
+  So this is Circling Back's architecture with the old rates as a start,
+  not a configuration either paper published; lamb's own wiring is
+  `residual=False, skip_connections=True` (docs/fidelity.md).
   `chrono_t_max = e^3.5` is the middle of the tuned range `[e², e⁵]`.
   lamb's l2 and clip are for its loss summed over the 70 steps of a window
   and are converted (`keras_mogrifier.pipeline.units`): l2 2.5e-4 → 1.79e-6

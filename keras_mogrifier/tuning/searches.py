@@ -115,6 +115,7 @@ def load_or_train_model(corpus, path, epochs=1, max_tokens=None, log=print):
         preset="tiny",
         training_overrides={"epochs": epochs, "max_tokens": max_tokens},
         dynamic=False,
+        like_for_like=False,
         verbose=0,
         log=log,
     )

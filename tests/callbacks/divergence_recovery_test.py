@@ -124,6 +124,38 @@ def test_restores_the_best_checkpoint_and_compounds_the_learning_rate_cut():
     assert recovery.consecutive_recoveries == 0
 
 
+@pytest.mark.parametrize("monitor", ["val_loss", None])
+def test_cuts_compound_once_each_across_a_newer_checkpoint(monitor):
+    """Circling Back §5 (seed 000, line 69): "If training diverges, we reset
+    the weights and the optimization state to the previous best checkpoint
+    and multiply the learning rate by 0.9." Each divergence cuts the rate
+    once: after k recoveries it is 0.9ᵏ × the uncut rate, also when the
+    second recovery restores a checkpoint saved after the first (whose rate
+    already holds one cut): 1.0 → 0.9 → 0.81, not 0.9 → 0.9³ = 0.729.
+    """
+    x, y = _data()
+    x_val, y_val = _data(seed=1)
+    # 4 steps per epoch: call 7 (epoch 1) diverges and restores the state
+    # of the end of epoch 0; the end of epoch 1 is then a newer checkpoint
+    # (its rate is 0.9 × LR); call 11 (epoch 2) diverges and restores it.
+    model, poison = _model({7, 11})
+    recovery = DivergenceRecovery(monitor=monitor, verbose=0)
+    probe = ProbeRecoveries(recovery)
+    model.fit(
+        x, y, batch_size=4, epochs=4, shuffle=False, verbose=0,
+        validation_data=(x_val, y_val), callbacks=[poison, recovery, probe],
+    )
+    assert recovery.recoveries == 2
+    assert [r["checkpoint_epoch"] for r in recovery.recoveries_log] == [1, 2]
+    assert probe.learning_rates == pytest.approx([0.9 * LR, 0.81 * LR], rel=1e-6)
+    assert [r["learning_rate"] for r in recovery.recoveries_log] == pytest.approx(
+        [0.9 * LR, 0.81 * LR], rel=1e-6
+    )
+    assert float(ops.convert_to_numpy(model.optimizer.learning_rate)) == (
+        pytest.approx(0.81 * LR, rel=1e-6)
+    )
+
+
 def test_gives_up_after_too_many_recoveries_in_a_row(tmp_path):
     x, y = _data()
     x_val, y_val = _data(seed=1)

@@ -19,15 +19,22 @@ from testing import to_numpy
 VOCAB = 12
 
 
-def lstm_model(batch=1, stateful=True, units=6, seed=0, unroll=False):
-    """A small stateful LSTM LM with the same weights on every backend."""
+def lstm_model(batch=1, stateful=True, units=6, seed=0, unroll=False, dropout=0.0):
+    """A small stateful LSTM LM with the same weights on every backend.
+
+    With `dropout`, every kind: on the embeddings, the LSTM's input and
+    state (variational), and its output.
+    """
     model = keras.Sequential(
         [
             keras.Input(batch_shape=(batch, None), dtype="int32"),
             keras.layers.Embedding(VOCAB, 5),
+            keras.layers.Dropout(dropout, seed=1),
             keras.layers.LSTM(
-                units, stateful=stateful, return_sequences=True, unroll=unroll
+                units, stateful=stateful, return_sequences=True, unroll=unroll,
+                dropout=dropout, recurrent_dropout=dropout, seed=2,
             ),
+            keras.layers.Dropout(dropout, seed=3),
             keras.layers.Dense(VOCAB),
         ]
     )
@@ -268,11 +275,20 @@ def test_sgd_needs_no_statistics_and_the_rms_rules_do():
 
 
 @pytest.mark.parametrize(
-    "decay_rate, normalizer",
-    [(0.0, "tensor_mean"), (0.5, "tensor_mean"), (0.5, "global_mean")],
+    "decay_rate, normalizer, dropout",
+    [
+        (0.0, "tensor_mean", 0.0),
+        (0.5, "tensor_mean", 0.0),
+        (0.5, "global_mean", 0.0),
+        (0.5, "tensor_mean", 0.5),
+    ],
 )
-def test_update_rule_matches_hand_computation(decay_rate, normalizer):
-    model = lstm_model()
+def test_update_rule_matches_hand_computation(decay_rate, normalizer, dropout):
+    """Krause et al. eq. 8; benkrause/dynamic-evaluation `dynamiceval.py`
+    210-211 (the update) and 185 (`model.eval()` before every segment: a
+    model trained with dropout is scored and adapted with dropout off; the
+    reference calls the model in inference mode)."""
+    model = lstm_model(dropout=dropout)
     stream = np.random.default_rng(0).integers(0, VOCAB, 15)  # 14 predicted: 5, 5, 4
     ev = DynamicEvaluator(
         model, learning_rate=1e-4, decay_rate=decay_rate, epsilon=1e-3,
@@ -337,9 +353,13 @@ def test_xla_step_matches_graph_step():
 # === Gradient statistics ===
 
 
-def test_gradient_statistics_from_stream_match_hand_computation():
+@pytest.mark.parametrize("dropout", [0.0, 0.5])
+def test_gradient_statistics_from_stream_match_hand_computation(dropout):
+    """Krause's `dynamiceval.py` `gradstat` 99-135: the mean over training
+    batches of the squared gradient of each batch's mean loss, with
+    `model.eval()` (line 105: dropout off)."""
     batch, n = 3, 4
-    model = lstm_model(batch=batch)
+    model = lstm_model(batch=batch, dropout=dropout)
     set_random_state(model)
     state_before = state_values(model)
     stream = np.random.default_rng(4).integers(0, VOCAB, 40)

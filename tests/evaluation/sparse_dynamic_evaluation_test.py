@@ -7,6 +7,7 @@ import pytest
 from keras_mogrifier.evaluation import DynamicEvaluator
 from keras_mogrifier.layers import MogrifierLSTMCell
 
+import reference
 import testing
 from testing import to_numpy
 
@@ -173,3 +174,96 @@ def test_every_update_rule_works_sparse(rule, lr):
     np.testing.assert_allclose(capture.after_segment[0][0], expected, rtol=1e-4, atol=1e-7)
     for v, before in zip([v for v in model.variables if v is not kernel], others):
         np.testing.assert_array_equal(to_numpy(v), before)
+
+
+def _numpy_segment(params, ids, h, c, adaptation):
+    """One segment in float64 from the carried `(h, c)`: logits, new state.
+
+    Krause et al. §6 (seed `003_e9e25d7415956102.txt`, lines 99-105):
+    `h' = h + M h` on a subset of H units replaces `h` "throughout the
+    network via both recurrent and feed-forward connections" (row vectors
+    here: `h'[:H] = h[:H] + h[:H] @ M`).
+    """
+    logits = []
+    for token in ids:
+        x = params["embedding"][token][None]
+        x, h_in = reference.mogrify(x, h, params["rounds"])
+        h, c = reference.lstm_step(
+            x, h_in, c, params["kernel"], params["recurrent_kernel"], params["bias"]
+        )
+        h = h.copy()
+        h[:, :H] = h[:, :H] + h[:, :H] @ adaptation
+        logits.append(h @ params["dense"] + params["dense_bias"])
+    return np.concatenate(logits), h, c
+
+
+def _mean_loss(logits, targets):
+    m = logits.max(-1)
+    log_z = m + np.log(np.exp(logits - m[:, None]).sum(-1))
+    losses = log_z - logits[np.arange(len(targets)), targets]
+    return losses.mean(), losses
+
+
+def test_sparse_update_is_krauses_rule_on_the_adaptation_matrix_by_hand():
+    """Sparse dynamic evaluation transcribed in NumPy: each segment is scored
+    with the current M from the carried state, then M takes Krause's eq. 8
+    step (benkrause/dynamic-evaluation `dynamiceval.py` 210-211: `dW =
+    lamb·decrate·(data0 − data) − lr·grad/(MS + ε)`, θ_g = 0 for M, decay
+    clipped at 1 as in lines 160-171) with the gradient of the segment's
+    mean loss, taken by central finite differences in float64 through the
+    forward pass above — nothing of the library's forward or autodiff."""
+    model = sparse_model(batch=1)
+    kernel = kernel_of(model)
+    cell = model.layers[1].cell
+    mw = [w.astype("float64") for w in cell.mogrifier.get_weights()]
+    dense = model.layers[2]
+    params = {
+        "embedding": to_numpy(model.layers[0].embeddings).astype("float64"),
+        "rounds": [([mw[0]], mw[1]), ([mw[2]], mw[3])],
+        "kernel": to_numpy(cell.kernel).astype("float64"),
+        "recurrent_kernel": to_numpy(cell.recurrent_kernel).astype("float64"),
+        "bias": to_numpy(cell.bias).astype("float64"),
+        "dense": to_numpy(dense.kernel).astype("float64"),
+        "dense_bias": to_numpy(dense.bias).astype("float64"),
+    }
+    rng = np.random.default_rng(5)
+    ms = (10.0 ** rng.uniform(-3, -1, (H, H))) ** 2
+    lr, lam, eps, n = 0.05, 0.3, 1e-3, 4
+    ev = DynamicEvaluator(model, sparse=True, learning_rate=lr, decay_rate=lam,
+                          epsilon=eps, segment_length=n)
+    ev.gradient_statistics = {kernel.path: ms}
+    capture = testing.CaptureVariables([kernel])
+    stream = np.tile(rng.integers(0, VOCAB, 5), 3)[:14]  # 13 predicted: 4, 4, 4, 1
+    result = ev.evaluate(stream, callbacks=[capture], verbose=0, return_token_losses=True)
+
+    rms = np.sqrt(ms)
+    decay = np.minimum(1.0, lam * rms / rms.mean())
+    assert np.any(decay == 1.0) and np.any(decay < 1.0)
+    adaptation = np.zeros((H, H))
+    h, c = np.zeros((1, UNITS)), np.zeros((1, UNITS))
+    x, y = stream[:-1], stream[1:]
+    expected_losses, expected_kernels = [], []
+    for start in range(0, len(x), n):
+        xs, ys = x[start : start + n], y[start : start + n]
+        logits, h_next, c_next = _numpy_segment(params, xs, h, c, adaptation)
+        _, losses = _mean_loss(logits, ys)
+        expected_losses.append(losses)
+        gradient = np.zeros((H, H))
+        for i in range(H):
+            for j in range(H):
+                step = np.zeros((H, H))
+                step[i, j] = 1e-6
+                up = _mean_loss(_numpy_segment(params, xs, h, c, adaptation + step)[0], ys)[0]
+                down = _mean_loss(_numpy_segment(params, xs, h, c, adaptation - step)[0], ys)[0]
+                gradient[i, j] = (up - down) / 2e-6
+        adaptation = adaptation - lr * gradient / (rms + eps) + decay * (0.0 - adaptation)
+        expected_kernels.append(adaptation.copy())
+        h, c = h_next, c_next
+
+    assert len(capture.after_segment) == 4
+    for (actual,), expected in zip(capture.after_segment, expected_kernels):
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6)
+    assert np.abs(expected_kernels[0]).max() > 1e-3  # M really moves
+    np.testing.assert_allclose(
+        result["token_losses"][0], np.concatenate(expected_losses), rtol=1e-5, atol=1e-6
+    )

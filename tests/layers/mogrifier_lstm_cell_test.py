@@ -130,3 +130,11 @@ def test_unit_forget_bias_and_chrono():
     assert forget.std() > 0.3  # spread over the range, not a constant
     np.testing.assert_allclose(inp, -forget)
     np.testing.assert_array_equal(b[2 * n :], 0.0)
+    # Forget bias only (Circling Back §3's wording): the input bias stays 0.
+    cell = km.MogrifierLSTMCell(
+        N * 8, mogrifier_rounds=0, chrono_t_max=t_max, chrono_input_bias=False, seed=2
+    )
+    cell.build((None, M))
+    b = to_numpy(cell.bias)
+    np.testing.assert_array_equal(b[:n], 0.0)
+    assert b[n : 2 * n].min() >= 0.0 and b[n : 2 * n].std() > 0.3

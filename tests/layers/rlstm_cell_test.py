@@ -114,12 +114,26 @@ def test_state_mask_also_multiplies_c_in_output_gate():
     np.testing.assert_allclose(to_numpy(c), c_ref, rtol=1e-4, atol=1e-5)
 
 
-def test_chrono_initializes_forget_bias_only():
+def test_chrono_like_every_cell_input_bias_is_minus_forget_bias():
+    """Chrono (Tallec & Ollivier 2018, arXiv 1804.11188): `b_f ~ log U(1,
+    T_max − 1)` and `b_i = −b_f`, as `MogrifierLSTMCell` does and
+    `ChronoInitializer`'s docstring says of every cell; Circling Back §3
+    (seed 000, line 87) names only the forget gate: `chrono_input_bias=False`.
+    Bias blocks of the RLSTM: i, j, f, o."""
     t_max = 40.0
     cell = km.RLSTMCell(64, chrono_t_max=t_max, seed=3)
     cell.build((None, M))
     b = to_numpy(cell.bias)
     forget = b[128:192]
     assert forget.min() >= 0.0 and forget.max() <= np.log(t_max - 1) + 1e-6
-    np.testing.assert_array_equal(b[:128], 0.0)
+    assert forget.std() > 0.3  # spread over the range, not a constant
+    np.testing.assert_allclose(b[:64], -forget)
+    np.testing.assert_array_equal(b[64:128], 0.0)
     np.testing.assert_array_equal(b[192:], 0.0)
+
+    cell = km.RLSTMCell(64, chrono_t_max=t_max, chrono_input_bias=False, seed=3)
+    cell.build((None, M))
+    b = to_numpy(cell.bias)
+    np.testing.assert_array_equal(b[:128], 0.0)
+    assert b[128:192].min() >= 0.0 and b[128:192].std() > 0.3
+    assert cell.get_config()["chrono_input_bias"] is False

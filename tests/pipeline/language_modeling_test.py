@@ -4,10 +4,13 @@ import re
 
 import keras
 import numpy as np
+import pytest
 
 from keras_mogrifier.data import synthetic_corpus
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
 from keras_mogrifier.pipeline import run_experiment
+
+from testing import to_numpy
 
 
 def test_paper_recipe_on_a_tiny_model():
@@ -28,6 +31,23 @@ def test_paper_recipe_on_a_tiny_model():
         assert np.isfinite(results[key]) and 1 < results[key] < len(corpus.vocabulary) * 2
     assert 0.8 <= results["temperature"] <= 1.06
     assert any(line.startswith("epoch 1/1: training perplexity") for line in logs)
+    # Like for like (Zaremba's run_test, main.lua 207-220): test as one
+    # sequential stream at τ = 1, whatever τ was tuned.
+    tuned = model.temperature
+    model.set_temperature(1.0)
+    model.reset_states()
+    logits = to_numpy(model(corpus.test[None, :-1])).astype("float64")[0]
+    model.reset_states()
+    model.set_temperature(tuned)
+    m = logits.max(-1)
+    log_z = m + np.log(np.exp(logits - m[:, None]).sum(-1))
+    nll = log_z - logits[np.arange(len(corpus.test) - 1), corpus.test[1:]]
+    assert results["test_perplexity_tau1_one_stream"] == pytest.approx(
+        np.exp(nll.mean()), rel=1e-4
+    )
+    assert np.isfinite(results["valid_perplexity_tau1"])
+    assert np.isfinite(results["valid_perplexity_tau1_one_stream"])
+    assert any("static at τ = 1 (like for like)" in line for line in logs)
 
 
 def test_dynamic_evaluation_step_reports_no_non_finite_number():
@@ -103,8 +123,10 @@ def test_a_run_logs_each_phase_as_it_ends_and_draws_its_curves(tmp_path, capsys)
     assert "━" not in out and "\r" not in out
     assert len(lines) < 30
     # The summary table: static and dynamic × valid and test, and the times.
-    table = text[text.index("perplexity       valid      test"):]
-    assert "static" in table and "dynamic" in table and "time: training" in table
+    table = text[text.index("perplexity"):]
+    assert re.search(r"perplexity +valid +test", table)
+    for row in ("static ", "static τ=1, 1 stream ", "dynamic ", "time: training"):
+        assert row in table, row
     png = (tmp_path / "curves.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert len(results["test_token_losses"]["static"]) == len(corpus.test) - 1
