@@ -56,7 +56,11 @@ def test_ptb_word_end_to_end_with_resume(tiny_ptb, tmp_path, capsys):
     keras.utils.set_random_seed(0)
     example = _load_example("ptb_word")
     out = tmp_path / "results.json"
-    example.main(_flags(tiny_ptb, tmp_path) + ["--epochs", "1", "--results-json", str(out)])
+    saved = tmp_path / "runs" / "model.keras"
+    example.main(
+        _flags(tiny_ptb, tmp_path)
+        + ["--epochs", "1", "--results-json", str(out), "--save-model", str(saved)]
+    )
     results = json.loads(out.read_text())
     for key in ("valid_perplexity", "test_perplexity", "valid_dynamic_perplexity", "test_dynamic_perplexity"):
         assert 1.0 < results[key] < 1000.0
@@ -64,6 +68,13 @@ def test_ptb_word_end_to_end_with_resume(tiny_ptb, tmp_path, capsys):
     assert len(results["valid_perplexity_curve"]) == 1
     printed = capsys.readouterr().out
     assert "epoch 1: validation perplexity" in printed and "test dynamic perplexity" in printed
+    # The job ends with the saved model (vocabulary included) and a sample.
+    sample = printed.strip().splitlines()[-1]
+    first_test_words = (tiny_ptb / "ptb.test.txt").read_text().split()[:3]
+    assert sample.startswith("sample: " + " ".join(first_test_words) + " ")
+    loaded = keras.saving.load_model(str(saved))
+    assert loaded.vocabulary is not None and len(loaded.vocabulary) == loaded.vocabulary_size
+    assert loaded.generate("the", max_length=5).startswith("the ")
     # Resume: one more epoch from the checkpoint.
     example.main(_flags(tiny_ptb, tmp_path) + ["--epochs", "2", "--resume", "--no-dynamic", "--results-json", str(out)])
     results = json.loads(out.read_text())
@@ -79,7 +90,11 @@ def test_ptb_char_reports_bits_per_character(tiny_ptb, tmp_path, capsys):
         _flags(tiny_ptb, tmp_path)[:-4] + ["--epochs", "1", "--no-dynamic", "--results-json", str(out)],
         level="char",
     )
-    assert "bpc" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "bpc" in printed
+    # A character-level sample: the test split's first 20 characters, continued.
+    first_line = " ".join((tiny_ptb / "ptb.test.txt").read_text().splitlines()[0].split())
+    assert printed.strip().splitlines()[-1].startswith("sample: " + first_line[:20])
     assert json.loads(out.read_text())["test_perplexity"] < 100
 
 
