@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_mogrifier.backend import get_backend_module
+from keras_mogrifier.samplers.beam_sampler import BeamSampler
 from keras_mogrifier.samplers.greedy_sampler import GreedySampler
 from keras_mogrifier.samplers.random_sampler import RandomSampler
 from keras_mogrifier.samplers.top_k_sampler import TopKSampler
@@ -16,7 +17,9 @@ from keras_mogrifier.samplers.top_p_sampler import TopPSampler
 # read: few compiled shapes, few calls. What is left over is read one step
 # at a time.
 WINDOWS = (64, 16, 4)
-_BUILT_IN_SAMPLERS = (GreedySampler, RandomSampler, TopKSampler, TopPSampler)
+_BUILT_IN_SAMPLERS = (BeamSampler, GreedySampler, RandomSampler, TopKSampler, TopPSampler)
+# The score of an empty beam: far below any sum of log-probabilities.
+_NO_BEAM = -1e9
 
 
 class Decoder:
@@ -115,6 +118,44 @@ class Decoder:
             self._steps[_sampler_key(sampler)] = step
         return step(_int_tensor(tokens), ops.convert_to_tensor(uniform, "float32"))
 
+    def beam_step(self, tokens, scores, generating, forced, finished, pad, sampler):
+        """One step of beam search; the state rows follow their beams.
+
+        Row `i · B + j` of the state is beam `j` of prompt `i` (`B` =
+        `sampler.num_beams`). Each beam reads its current token; the `B`
+        best extensions of each prompt's beams become its new beams, and
+        the state rows are reordered to match.
+
+        Args:
+            tokens: int `(b · B,)`. Each beam's current token.
+            scores: float32 `(b, B)`. Each beam's total log-probability.
+            generating: bool `(b,)`. Prompts past their prompt tokens; the
+                others keep their beams and take `forced`.
+            forced: int `(b,)`. The next prompt token of the others.
+            finished: bool `(b · B,)`. Beams that ended with a stop token:
+                their only extension is `pad`, at no cost.
+            pad: int. The token that extends a finished beam.
+            sampler: a `BeamSampler`.
+
+        Returns:
+            `(next_tokens (b · B,), scores (b, B), parents (b, B))`.
+        """
+        key = _sampler_key(sampler)
+        step = self._steps.get(key)
+        if step is None:
+            step = self._backend.model_function(
+                self.model, self._beam_step_fn(sampler), self.jit_compile
+            )
+            self._steps[key] = step
+        return step(
+            _int_tensor(tokens),
+            ops.convert_to_tensor(scores, "float32"),
+            ops.convert_to_tensor(np.asarray(generating, bool)),
+            _int_tensor(forced),
+            ops.convert_to_tensor(np.asarray(finished, bool)),
+            _int_tensor(np.full((), pad)),
+        )
+
     def read_known(self, tokens, length):
         """Reads `tokens[:, :length]` in windows; returns how many were read.
 
@@ -143,6 +184,43 @@ class Decoder:
         def step(tokens, uniform):
             logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
             return sampler(logits, uniform), ops.log_softmax(logits, axis=-1)
+
+        return step
+
+
+    def _beam_step_fn(self, sampler):
+        model = self.model
+        beams = sampler.num_beams
+
+        def step(tokens, scores, generating, forced, finished, pad):
+            logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
+            log_probs = ops.log_softmax(logits / sampler.temperature, axis=-1)
+            vocabulary = log_probs.shape[-1]
+            only_pad = ops.where(
+                ops.equal(ops.arange(vocabulary, dtype="int32"), pad), 0.0, _NO_BEAM
+            )
+            log_probs = ops.where(finished[:, None], only_pad[None, :], log_probs)
+            prompts = ops.shape(scores)[0]
+            candidates = ops.reshape(
+                scores[:, :, None] + ops.reshape(log_probs, (prompts, beams, vocabulary)),
+                (prompts, beams * vocabulary),
+            )
+            best, index = ops.top_k(candidates, k=beams, sorted=True)
+            index = ops.cast(index, "int32")
+            same = ops.broadcast_to(ops.arange(beams, dtype="int32")[None, :], ops.shape(index))
+            parents = ops.where(generating[:, None], index // vocabulary, same)
+            next_tokens = ops.where(
+                generating[:, None], index % vocabulary, ops.cast(forced, "int32")[:, None]
+            )
+            scores = ops.where(generating[:, None], best, scores)
+            rows = ops.reshape(
+                ops.arange(prompts, dtype="int32")[:, None] * beams + parents, (-1,)
+            )
+            for variable in model.recurrent_state_variables:
+                value = ops.convert_to_tensor(variable)
+                reordered = ops.take(value, rows, axis=0)
+                variable.assign(ops.slice_update(value, (0, 0), reordered))
+            return ops.reshape(next_tokens, (-1,)), scores, parents
 
         return step
 

@@ -20,6 +20,7 @@ def generate(
     *,
     k=None,
     p=None,
+    num_beams=None,
     temperature=None,
     seed=None,
     stop_token_ids="auto",
@@ -43,10 +44,12 @@ def generate(
             1-D sequence of token ids, or a list / 2-D array of them.
         max_length: int. Length of each output, prompt included (as in
             keras-hub); must exceed the longest prompt.
-        sampler: `"greedy"`, `"top_k"`, `"top_p"`, `"random"` or a
-            `keras_mogrifier.samplers.Sampler`. Defaults to `"greedy"`.
+        sampler: `"greedy"`, `"top_k"`, `"top_p"`, `"random"`, `"beam"`
+            or a `keras_mogrifier.samplers.Sampler`. Defaults to `"greedy"`.
         k: int or `None`. `k` of `"top_k"` (default 5) or `"top_p"`.
         p: float or `None`. `p` of `"top_p"` (default 0.1).
+        num_beams: int or `None`. `num_beams` of `"beam"` (default 5); each
+            beam takes a row of the model's state.
         temperature: float or `None`. The sampler's temperature (logits
             divided by it, after the model's own softmax temperature);
             `None` is 1.
@@ -66,7 +69,9 @@ def generate(
     """
     check_model(model)
     max_length = _validation.positive_int("max_length", max_length)
-    sampler = samplers_lib.get(sampler, k=k, p=p, temperature=temperature)
+    sampler = samplers_lib.get(
+        sampler, k=k, p=p, num_beams=num_beams, temperature=temperature
+    )
     if seed is not None and not (
         isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and seed >= 0
     ):
@@ -78,6 +83,7 @@ def generate(
     sequences, single, as_text = text_lib.as_sequences(
         prompts, vocabulary, model.vocabulary_size, "prompt", min_tokens=1
     )
+    beams = sampler.num_beams if isinstance(sampler, samplers_lib.BeamSampler) else None
     longest = max(len(s) for s in sequences)
     if max_length <= longest:
         raise ValueError(
@@ -86,14 +92,24 @@ def generate(
             f"max_length={max_length}"
         )
     decoder = decoder_for(model, jit_compile)
+    if beams is not None and beams > decoder.capacity:
+        raise ValueError(
+            f"Expected `num_beams` to be at most the rows of the model's "
+            f"recurrent state ({decoder.capacity}): each beam is a row. "
+            f"Received: num_beams={beams}"
+        )
     rng = np.random.default_rng(seed)
     outputs = []
+    group_size = decoder.capacity // (beams or 1)
     with decoder.fresh_state():
-        for start in range(0, len(sequences), decoder.capacity):
-            group = sequences[start : start + decoder.capacity]
+        for start in range(0, len(sequences), group_size):
+            group = sequences[start : start + group_size]
             if start:
                 decoder.reset_state()
-            outputs.extend(_decode(decoder, group, max_length, sampler, stop, rng))
+            if beams is None:
+                outputs.extend(_decode(decoder, group, max_length, sampler, stop, rng))
+            else:
+                outputs.extend(_beam_decode(decoder, group, max_length, sampler, stop))
     if as_text:
         outputs = [text_lib.decode(vocabulary, ids) for ids in outputs]
     return outputs[0] if single else outputs
@@ -124,6 +140,49 @@ def _decode(decoder, prompts, max_length, sampler, stop, rng):
             if finished.all():
                 break
     return [tokens[row, : ends[row]].copy() for row in range(rows)]
+
+
+def _beam_decode(decoder, prompts, max_length, sampler, stop):
+    beams = sampler.num_beams
+    rows = len(prompts)
+    lengths = np.array([len(p) for p in prompts])
+    tokens = np.zeros((rows, beams, max_length), "int32")
+    for row, prompt in enumerate(prompts):
+        tokens[row, :, : len(prompt)] = prompt
+    scores = np.full((rows, beams), -1e9, "float32")
+    scores[:, 0] = 0.0  # one beam to start from: the others are copies
+    finished = np.zeros((rows, beams), bool)
+    pad = 0 if stop is None else int(stop[0])
+    position = decoder.read_known(
+        tokens.reshape(rows * beams, max_length), int(lengths.min()) - 1
+    )
+    for position in range(position, max_length - 1):
+        generating = position + 1 >= lengths
+        forced = tokens[:, 0, position + 1]
+        next_tokens, scores, parents = decoder.beam_step(
+            tokens[:, :, position].reshape(-1), scores, generating, forced,
+            finished.reshape(-1), pad, sampler,
+        )
+        next_tokens, scores, parents = (
+            np.asarray(ops.convert_to_numpy(t)) for t in (next_tokens, scores, parents)
+        )
+        tokens = np.take_along_axis(tokens, parents[:, :, None], axis=1)
+        finished = np.take_along_axis(finished, parents, axis=1)
+        tokens[:, :, position + 1] = next_tokens.reshape(rows, beams)
+        if stop is not None:
+            finished |= generating[:, None] & np.isin(tokens[:, :, position + 1], stop)
+            if finished.all():
+                break
+    outputs = []
+    for row in range(rows):
+        best = tokens[row, int(np.argmax(scores[row]))]
+        end = position + 2
+        if stop is not None:
+            stops = np.flatnonzero(np.isin(best[lengths[row] : end], stop))
+            if stops.size:
+                end = lengths[row] + stops[0] + 1
+        outputs.append(best[:end].copy())
+    return outputs
 
 
 def _stop_ids(stop_token_ids, vocabulary, vocabulary_size):

@@ -779,6 +779,7 @@ class LanguageModel(keras.Model):
         *,
         k=None,
         p=None,
+        num_beams=None,
         temperature=None,
         seed=None,
         stop_token_ids="auto",
@@ -790,7 +791,8 @@ class LanguageModel(keras.Model):
         Strings are read and written with the model's `vocabulary` (or
         `vocabulary=`); ids give ids. The samplers are keras-hub's
         (`"greedy"`, `"top_k"` with `k`, `"top_p"` with `p`, `"random"`,
-        each with `temperature`, or a `keras_mogrifier.samplers.Sampler`).
+        `"beam"` with `num_beams`, each with `temperature`, or a
+        `keras_mogrifier.samplers.Sampler`).
         `max_length` counts the prompt too. See
         `keras_mogrifier.generation.generate` for every argument.
 
@@ -805,7 +807,7 @@ class LanguageModel(keras.Model):
         6
         """
         return generation.generate(
-            self, prompts, max_length, sampler, k=k, p=p,
+            self, prompts, max_length, sampler, k=k, p=p, num_beams=num_beams,
             temperature=temperature, seed=seed, stop_token_ids=stop_token_ids,
             vocabulary=vocabulary, jit_compile=jit_compile,
         )

@@ -1,5 +1,6 @@
 """Samplers for `LanguageModel.generate`, named as in `keras_hub.samplers`."""
 
+from keras_mogrifier.samplers.beam_sampler import BeamSampler
 from keras_mogrifier.samplers.greedy_sampler import GreedySampler
 from keras_mogrifier.samplers.random_sampler import RandomSampler
 from keras_mogrifier.samplers.sampler import Sampler
@@ -8,6 +9,7 @@ from keras_mogrifier.samplers.top_k_sampler import TopKSampler
 from keras_mogrifier.samplers.top_p_sampler import TopPSampler
 
 _BY_NAME = {
+    "beam": BeamSampler,
     "greedy": GreedySampler,
     "random": RandomSampler,
     "top_k": TopKSampler,
@@ -16,13 +18,13 @@ _BY_NAME = {
 
 
 def get(identifier, **kwargs):
-    """A sampler from a name (`"greedy"`, `"top_k"`, `"top_p"`, `"random"`).
+    """A sampler from a name (`"greedy"`, `"top_k"`, `"top_p"`, `"random"`, `"beam"`).
 
     Args:
         identifier: str or `Sampler`. A name, or a sampler (returned as it
             is; `kwargs` must then be empty).
-        **kwargs: the sampler's arguments (`k`, `p`, `temperature`); `None`
-            values are left to the sampler's defaults.
+        **kwargs: the sampler's arguments (`k`, `p`, `num_beams`,
+            `temperature`); `None` values are left to the sampler's defaults.
 
     Returns:
         A `Sampler`.
@@ -31,7 +33,7 @@ def get(identifier, **kwargs):
     if isinstance(identifier, Sampler):
         if kwargs:
             raise ValueError(
-                "Expected sampler settings (`k`, `p`, `temperature`) only with "
+                "Expected sampler settings (`k`, `p`, `num_beams`, `temperature`) only with "
                 "a sampler name; a sampler object carries its own. Received: "
                 f"sampler={identifier!r} and {kwargs}"
             )
@@ -43,7 +45,7 @@ def get(identifier, **kwargs):
         )
     cls = _BY_NAME[identifier]
     accepted = {"temperature"} | {
-        "top_k": {"k"}, "top_p": {"p", "k"}
+        "top_k": {"k"}, "top_p": {"p", "k"}, "beam": {"num_beams"}
     }.get(identifier, set())
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
@@ -55,6 +57,7 @@ def get(identifier, **kwargs):
 
 
 __all__ = [
+    "BeamSampler",
     "GreedySampler",
     "RandomSampler",
     "Sampler",

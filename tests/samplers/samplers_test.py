@@ -74,13 +74,16 @@ def test_sample_from_never_picks_a_zero_weight():
 
 def test_get_by_name_and_errors():
     assert isinstance(samplers.get("top_k", k=3), TopKSampler)
+    assert samplers.get("beam", num_beams=3).get_config() == {"temperature": 1.0, "num_beams": 3}
+    with pytest.raises(ValueError, match="Expected `BeamSampler` to run through"):
+        samplers.BeamSampler()(np.zeros((1, 3), "float32"), np.zeros(1, "float32"))
     assert samplers.get("top_p", p=0.5, temperature=0.7).get_config() == {
         "temperature": 0.7, "p": 0.5, "k": None,
     }
     sampler = TopKSampler(k=3)
     assert samplers.get(sampler) is sampler
     with pytest.raises(ValueError, match="Expected `sampler` to be one of"):
-        samplers.get("beam")
+        samplers.get("nucleus")
     with pytest.raises(ValueError, match=r"Expected only \['temperature'\] for sampler='greedy'"):
         samplers.get("greedy", k=3)
     with pytest.raises(ValueError, match="only with a sampler name"):
