@@ -36,8 +36,11 @@ def test_enough_beams_find_the_most_probable_continuation():
 def reference_beam_search(model, prompt, new_tokens, beams):
     """Beam search with full passes over every beam's text (no carried state)."""
     texts, scores = [list(prompt)], [0.0]
+    length = len(prompt) + new_tokens
     for _ in range(new_tokens):
-        log_probs = full_pass_log_probs(model, texts)[:, -1]
+        # Padded to one length (one compiled shape): the pass is causal.
+        padded = [text + [0] * (length - len(text)) for text in texts]
+        log_probs = full_pass_log_probs(model, padded)[:, len(texts[0]) - 1]
         candidates = [
             (score + log_probs[i, token], i, token)
             for i, score in enumerate(scores)
