@@ -15,8 +15,9 @@ class GreedySampler(Sampler):
     Example:
 
     >>> import numpy as np
+    >>> from keras import ops
     >>> logits = np.array([[0.1, 2.0, 0.3]], "float32")
-    >>> GreedySampler()(logits, np.zeros(1, "float32")).tolist()
+    >>> ops.convert_to_numpy(GreedySampler()(logits, np.zeros(1, "float32"))).tolist()
     [1]
     """
 

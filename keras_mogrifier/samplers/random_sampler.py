@@ -18,8 +18,9 @@ class RandomSampler(Sampler):
     Example:
 
     >>> import numpy as np
+    >>> from keras import ops
     >>> logits = np.log(np.array([[0.2, 0.5, 0.3]], "float32"))
-    >>> RandomSampler()(logits, np.array([0.6], "float32")).tolist()
+    >>> ops.convert_to_numpy(RandomSampler()(logits, np.array([0.6], "float32"))).tolist()
     [1]
     """
 

@@ -23,8 +23,9 @@ class TopKSampler(Sampler):
     Example:
 
     >>> import numpy as np
+    >>> from keras import ops
     >>> logits = np.log(np.array([[0.1, 0.5, 0.15, 0.25]], "float32"))
-    >>> TopKSampler(k=2)(logits, np.array([0.9], "float32")).tolist()
+    >>> ops.convert_to_numpy(TopKSampler(k=2)(logits, np.array([0.9], "float32"))).tolist()
     [3]
     """
 

@@ -28,8 +28,9 @@ class TopPSampler(Sampler):
     Example:
 
     >>> import numpy as np
+    >>> from keras import ops
     >>> logits = np.log(np.array([[0.1, 0.5, 0.15, 0.25]], "float32"))
-    >>> TopPSampler(p=0.6)(logits, np.array([0.99], "float32")).tolist()
+    >>> ops.convert_to_numpy(TopPSampler(p=0.6)(logits, np.array([0.99], "float32"))).tolist()
     [3]
     """
 
