@@ -181,18 +181,18 @@ class Decoder:
     def _step_fn(self, sampler):
         model = self.model
 
-        def step(tokens, uniform):
+        def sampling_step(tokens, uniform):
             logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
             return sampler(logits, uniform), ops.log_softmax(logits, axis=-1)
 
-        return step
+        return sampling_step
 
 
     def _beam_step_fn(self, sampler):
         model = self.model
         beams = sampler.num_beams
 
-        def step(tokens, scores, generating, forced, finished, pad):
+        def beam_search_step(tokens, scores, generating, forced, finished, pad):
             logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
             log_probs = ops.log_softmax(logits / sampler.temperature, axis=-1)
             vocabulary = log_probs.shape[-1]
@@ -222,7 +222,7 @@ class Decoder:
                 variable.assign(ops.slice_update(value, (0, 0), reordered))
             return ops.reshape(next_tokens, (-1,)), scores, parents
 
-        return step
+        return beam_search_step
 
 
 def decoder_for(model, jit_compile="auto"):
