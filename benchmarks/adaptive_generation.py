@@ -1,6 +1,7 @@
 """Adaptive generation on Penn Treebank: is a document's continuation more probable?
 
-For `--documents` spans of the test split (each starting at a sentence),
+For `--documents` spans of the test split (each starting at a sentence;
+`--split valid` to choose the settings),
 the first `--prefix-tokens` tokens play the part of the document read so
 far and the next `--continuation-tokens` its continuation. The continuation
 is scored (`LanguageModel.score`, the prefix read as context) twice: by the
@@ -46,6 +47,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="a .keras LanguageModel with its vocabulary")
     parser.add_argument("--data-dir", required=True, help="directory of ptb.{train,valid,test}.txt[.gz]")
+    parser.add_argument("--split", default="test", choices=("valid", "test"),
+                        help="where the documents come from (tune on valid)")
     parser.add_argument("--documents", type=int, default=20)
     parser.add_argument("--prefix-tokens", type=int, default=300)
     parser.add_argument("--continuation-tokens", type=int, default=100)
@@ -73,7 +76,7 @@ def main():
     statistics_seconds = time.time() - start
 
     length = args.prefix_tokens + args.continuation_tokens
-    spans = document_spans(corpus.test, corpus.vocabulary.eos_id, args.documents, length)
+    spans = document_spans(corpus[args.split], corpus.vocabulary.eos_id, args.documents, length)
     n = args.continuation_tokens
     static, adapted = [], []
     start = time.time()
@@ -87,6 +90,7 @@ def main():
     tokens = n * len(spans)
     results = {
         "model": args.model,
+        "split": args.split,
         "documents": len(spans),
         "prefix_tokens": args.prefix_tokens,
         "continuation_tokens": n,
@@ -103,7 +107,7 @@ def main():
         "backend": keras.backend.backend(),
     }
     print(
-        f"{len(spans)} test documents: {args.prefix_tokens} tokens read, the next "
+        f"{len(spans)} {args.split} documents: {args.prefix_tokens} tokens read, the next "
         f"{n} scored (η={args.learning_rate:g}, λ={args.decay_rate:g}, "
         f"n={args.segment_length})"
     )
