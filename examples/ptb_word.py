@@ -24,7 +24,9 @@ import _quiet  # noqa: F401  (first: a quiet TensorFlow start)
 from keras_mogrifier.data import load_ptb  # noqa: E402
 from keras_mogrifier.models.language_model import CELLS  # noqa: E402
 from keras_mogrifier.pipeline import PRESETS  # noqa: E402
+from keras_mogrifier.pipeline import generation_sample  # noqa: E402
 from keras_mogrifier.pipeline import run_experiment  # noqa: E402
+from keras_mogrifier.pipeline import save_language_model  # noqa: E402
 from keras_mogrifier.pipeline import write_results  # noqa: E402
 
 
@@ -75,6 +77,8 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
     parser.add_argument("--resume", action="store_true",
                         help="continue training from --checkpoint-dir")
     parser.add_argument("--results-json", help="write the results to this JSON file")
+    parser.add_argument("--save-model",
+                        help="save the trained model (with its vocabulary) to this .keras file")
     parser.add_argument("--verbose", default="auto", choices=("auto", "0", "1", "2"),
                         help="1: progress bars; 2: one line per epoch and phase (for "
                              "logs); auto: 1 on a terminal, 2 otherwise")
@@ -137,6 +141,11 @@ def main(argv=None, level="word", default_preset="tiny"):
     if args.results_json:
         write_results(results, args.results_json)
         print(f"results written to {args.results_json}")
+    model = results["model_object"]
+    if args.save_model:
+        save_language_model(model, args.save_model)
+        print(f"model saved to {args.save_model}")
+    print(f"\nsample: {generation_sample(model, corpus)}")
     return results
 
 

@@ -5,7 +5,9 @@ extra), imported on demand so that the core does not need keras-tuner.
 """
 
 from keras_mogrifier import data
+from keras_mogrifier import generation
 from keras_mogrifier import pipeline
+from keras_mogrifier import samplers
 from keras_mogrifier.callbacks import DivergenceRecovery
 from keras_mogrifier.callbacks import TwoTailedAveraging
 from keras_mogrifier.evaluation import DivergenceError

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up and runs the main job: a small language model trained
-# and evaluated, static and dynamic (examples/ptb_word.py, preset "tiny").
+# and evaluated, static and dynamic (examples/ptb_word.py, preset "tiny"),
+# saved to runs/main/model.keras (with its vocabulary), ending with a
+# generated sample.
 # Without --data-dir it trains on the package's embedded synthetic corpus (a
 # few minutes on 2 CPU cores, no network); with --data-dir DIR on the Penn
 # Treebank files there. Extra arguments go to examples/ptb_word.py (run that
@@ -13,4 +15,4 @@ corpus=(--no-download)
 for arg in "$@"; do
   case "$arg" in --data-dir|--data-dir=*) corpus=() ;; esac
 done
-exec .venv/bin/python examples/ptb_word.py --results-json runs/main/results.json --plot runs/main/curves.png ${corpus[@]+"${corpus[@]}"} "$@"
+exec .venv/bin/python examples/ptb_word.py --results-json runs/main/results.json --save-model runs/main/model.keras --plot runs/main/curves.png ${corpus[@]+"${corpus[@]}"} "$@"

@@ -1,5 +1,6 @@
 """Dynamic evaluation (Krause et al., 2018) with a fit-style API."""
 
+import contextlib
 import numbers
 
 import keras
@@ -11,6 +12,7 @@ from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation import update_rules
 from keras_mogrifier.evaluation._stream_scoring import score_stream
+from keras_mogrifier.generation import text as text_lib
 
 ADAPTATION_KERNEL_NAME = "adaptation_kernel"
 NORMALIZERS = ("tensor_mean", "global_mean")
@@ -62,6 +64,10 @@ class DynamicEvaluator(keras.callbacks.Callback):
     with `adaptation_units=H` (`h' = h + [h[:, :H] @ M, 0]`). A cell built with
     `adaptation_streams=S` holds one matrix per stream, shape `(S, H, H)`; the
     evaluator then adapts `S` streams at once, each with its own matrix.
+
+    Adaptive generation: `with evaluator.adapt_to(document) as model:` hands
+    the model back adapted to a document (the same updates as `evaluate`),
+    for `generate` and `score`, and restores the trained weights on exit.
 
     The evaluator is also a `keras.callbacks.Callback`: given
     `validation_data` and `gradient_data`, in `fit` it evaluates the
@@ -219,6 +225,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self._steps = {}
         self._steps_model = None
         self._statistics = None  # (variables, [MS_g tensors in the variables' shapes])
+        self.adaptation_results = None  # what `adapt_to` scored while adapting
         if model is not None:
             self.set_model(model)
 
@@ -501,6 +508,87 @@ class DynamicEvaluator(keras.callbacks.Callback):
             `perplexity` (`exp(loss)`), `bits_per_token` (`loss / ln 2`) and
             `num_tokens` (predicted tokens), and `token_losses` if asked.
         """
+        return self._evaluate(
+            x, batch_size, callbacks, verbose, adapt, return_token_losses,
+            stop_on_divergence, keep_adapted=False,
+        )
+
+    @contextlib.contextmanager
+    def adapt_to(self, document, *, vocabulary=None, verbose=0):
+        """Adapts the model to `document` and hands it back adapted.
+
+        Adaptive generation: inside the `with` block the model holds the
+        weights that dynamic evaluation reaches at the end of `document`
+        (the same segments, update rule and carried state as `evaluate`),
+        so `generate` and `score` continue in the document's vocabulary and
+        style. On exit — also after an error — the model holds its trained
+        weights and its recurrent state again, exactly. Blocks nest: an
+        inner one adapts further and restores the outer one's weights.
+
+        Needs gradient statistics (`collect_gradient_statistics`), as
+        `evaluate` does. The scores of the document while adapting (the
+        dict `evaluate` returns) are kept in `adaptation_results`.
+
+        Args:
+            document: a string (read with the model's `vocabulary` or
+                `vocabulary=`) or a 1-D stream of token ids; at least 2
+                tokens.
+            vocabulary: a `keras_mogrifier.data.Vocabulary` or `None`. For a
+                string `document`. Defaults to the model's.
+            verbose: 0, 1, 2 or `"auto"`. Progress while adapting. Defaults
+                to `0`.
+
+        Yields:
+            The model, adapted.
+
+        Example:
+
+        ```python
+        evaluator = DynamicEvaluator(model, learning_rate=1e-4)
+        evaluator.collect_gradient_statistics(corpus.train, batch_size=20)
+        with evaluator.adapt_to(article) as adapted:
+            adapted.generate("the company said", max_length=30)
+        ```
+        """
+        model = self._require_model()
+        if isinstance(document, str):
+            vocab = text_lib.resolve_vocabulary(model, vocabulary)
+            if vocab is None:
+                raise ValueError(
+                    "Expected a vocabulary to read a text `document`: build "
+                    "the model with `vocabulary=` or pass `vocabulary=`. "
+                    "Received: a string and no vocabulary"
+                )
+            document = text_lib.encode(vocab, document, where="document")
+        streams = _as_streams(document, "document", self._vocabulary_limit(model))
+        if streams.shape[0] != 1:
+            raise ValueError(
+                "Expected one document (a 1-D stream of token ids). Received: "
+                f"{streams.shape[0]} streams"
+            )
+        variables = self.adapted_variables()
+        theta_g = _recurrent_state.snapshot(variables)
+        try:
+            self.adaptation_results = self._evaluate(
+                streams, None, None, verbose, True, False, True, keep_adapted=True
+            )
+            yield model
+        finally:
+            _recurrent_state.assign(variables, theta_g)
+
+    def _evaluate(
+        self,
+        x,
+        batch_size,
+        callbacks,
+        verbose,
+        adapt,
+        return_token_losses,
+        stop_on_divergence,
+        keep_adapted,
+    ):
+        # `evaluate`; with `keep_adapted`, the adapted weights stay in the
+        # model when the stream is done (not after an error).
         if not isinstance(adapt, bool):
             raise ValueError(f"Expected `adapt` to be a bool. Received: adapt={adapt!r}")
         if not isinstance(stop_on_divergence, bool):
@@ -591,14 +679,17 @@ class DynamicEvaluator(keras.callbacks.Callback):
                     variable.assign(value)
                 return _numpy(token_losses)
 
+            completed = False
             try:
                 results, token_losses = score_stream(
                     model, streams, batch_size, self.segment_length, score_segment,
                     start_group=start_group, callbacks=callbacks, verbose=verbose,
                     stop_on_divergence=stop_on_divergence, settings=settings,
                 )
+                completed = True
             finally:
-                _recurrent_state.assign(variables, theta_g)
+                if not (keep_adapted and completed):
+                    _recurrent_state.assign(variables, theta_g)
         if return_token_losses:
             results["token_losses"] = token_losses
         return results

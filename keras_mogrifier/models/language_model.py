@@ -4,8 +4,10 @@ import keras
 from keras import ops
 
 from keras_mogrifier import _validation
+from keras_mogrifier import generation
 from keras_mogrifier._export import register
 from keras_mogrifier.backend import get_backend_module
+from keras_mogrifier.data.vocabulary import Vocabulary
 from keras_mogrifier.layers.dual_output import DualOutput
 from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
 from keras_mogrifier.layers.rlstm_cell import RLSTMCell
@@ -183,6 +185,10 @@ class LanguageModel(keras.Model):
         adaptation_layer: int. Index of the layer with the adaptation matrix.
             Defaults to `-1` (the last).
         seed: int or None. Seed of the dropout masks. Defaults to `None`.
+        vocabulary: `keras_mogrifier.data.Vocabulary`, list of tokens or
+            None. The tokens of the ids (`vocabulary_size` of them), kept in
+            the config (and so in a `.keras` file): `generate` and `score`
+            then read and write text. Defaults to `None`.
         **kwargs: base model keyword arguments, such as `name`.
 
     Example:
@@ -237,6 +243,7 @@ class LanguageModel(keras.Model):
         chrono_input_bias=True,
         dual_embedding_dropout=None,
         dual_hidden_dropout=None,
+        vocabulary=None,
         **kwargs,
     ):
         v = _validation
@@ -281,6 +288,7 @@ class LanguageModel(keras.Model):
                 f"Expected `adaptation_layer` to index one of the {num_layers} "
                 f"layers. Received: adaptation_layer={adaptation_layer}"
             )
+        vocabulary = _as_vocabulary(vocabulary, vocabulary_size)
         super().__init__(**kwargs)
 
         self.vocabulary_size = vocabulary_size
@@ -321,6 +329,7 @@ class LanguageModel(keras.Model):
         self.adaptation_layer = adaptation_layer
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
+        self.vocabulary = vocabulary
 
         width = embedding_dim or units
         regularizer = keras.regularizers.L2(l2) if l2 > 0 else None
@@ -1037,6 +1046,61 @@ class LanguageModel(keras.Model):
         """
         return _validation.token_ids(name, ids, self.vocabulary_size, ndim=ndim)
 
+    # === Generation and scoring ===
+
+    def generate(
+        self,
+        prompts,
+        max_length,
+        sampler="greedy",
+        *,
+        k=None,
+        p=None,
+        num_beams=None,
+        temperature=None,
+        seed=None,
+        stop_token_ids="auto",
+        vocabulary=None,
+        jit_compile="auto",
+    ):
+        """Continues prompts: one compiled step per new token.
+
+        Strings are read and written with the model's `vocabulary` (or
+        `vocabulary=`); ids give ids. The samplers are keras-hub's
+        (`"greedy"`, `"top_k"` with `k`, `"top_p"` with `p`, `"random"`,
+        `"beam"` with `num_beams`, each with `temperature`, or a
+        `keras_mogrifier.samplers.Sampler`).
+        `max_length` counts the prompt too. See
+        `keras_mogrifier.generation.generate` for every argument.
+
+        Example:
+
+        >>> from keras_mogrifier.data import Vocabulary
+        >>> vocab = Vocabulary("the cat sat <eos>".split())
+        >>> model = LanguageModel(4, units=8, num_layers=1, batch_size=2,
+        ...                       vocabulary=vocab)
+        >>> model.build((2, None))
+        >>> len(model.generate("the cat", max_length=6, stop_token_ids=None).split())
+        6
+        """
+        return generation.generate(
+            self, prompts, max_length, sampler, k=k, p=p, num_beams=num_beams,
+            temperature=temperature, seed=seed, stop_token_ids=stop_token_ids,
+            vocabulary=vocabulary, jit_compile=jit_compile,
+        )
+
+    def score(self, texts, *, vocabulary=None, jit_compile="auto"):
+        """Log-probabilities and perplexity of each text, as `evaluate` gives.
+
+        The first token of a text is context only. Returns a dict per text
+        (`log_probability`, `num_tokens`, `perplexity`,
+        `token_log_probabilities`, `tokens`); see
+        `keras_mogrifier.generation.score`.
+        """
+        return generation.score(
+            self, texts, vocabulary=vocabulary, jit_compile=jit_compile
+        )
+
     # === Config ===
 
     def get_config(self):
@@ -1082,6 +1146,9 @@ class LanguageModel(keras.Model):
                 "adaptation_streams": self.adaptation_streams,
                 "adaptation_layer": self.adaptation_layer,
                 "seed": self.seed,
+                "vocabulary": (
+                    None if self.vocabulary is None else self.vocabulary.get_config()
+                ),
             }
         )
         return config
@@ -1141,6 +1208,27 @@ class LanguageModel(keras.Model):
                     # A copy: on JAX, two variables must not share a buffer.
                     variable.assign(ops.copy(source[key]))
         return clone
+
+
+def _as_vocabulary(vocabulary, vocabulary_size):
+    """`vocabulary` (a Vocabulary, its config or a token list) as a Vocabulary."""
+    if vocabulary is None or isinstance(vocabulary, Vocabulary):
+        pass
+    elif isinstance(vocabulary, dict):
+        vocabulary = Vocabulary.from_config(vocabulary)
+    elif isinstance(vocabulary, (list, tuple)):
+        vocabulary = Vocabulary(vocabulary)
+    else:
+        raise ValueError(
+            "Expected `vocabulary` to be a `keras_mogrifier.data.Vocabulary`, "
+            f"a list of tokens or None. Received: {type(vocabulary).__name__}"
+        )
+    if vocabulary is not None and len(vocabulary) != vocabulary_size:
+        raise ValueError(
+            f"Expected a vocabulary of `vocabulary_size` = {vocabulary_size} "
+            f"tokens. Received: a vocabulary of {len(vocabulary)} tokens"
+        )
+    return vocabulary
 
 
 def _local_path(variable):

@@ -58,7 +58,11 @@ def test_ptb_word_end_to_end_with_resume(tiny_ptb, tmp_path, capsys):
     keras.utils.set_random_seed(0)
     example = _load_example("ptb_word")
     out = tmp_path / "results.json"
-    example.main(_flags(tiny_ptb, tmp_path) + ["--epochs", "1", "--results-json", str(out)])
+    saved = tmp_path / "runs" / "model.keras"
+    example.main(
+        _flags(tiny_ptb, tmp_path)
+        + ["--epochs", "1", "--results-json", str(out), "--save-model", str(saved)]
+    )
     results = json.loads(out.read_text())
     for key in ("valid_perplexity", "test_perplexity", "valid_dynamic_perplexity", "test_dynamic_perplexity"):
         assert 1.0 < results[key] < 1000.0
@@ -68,6 +72,13 @@ def test_ptb_word_end_to_end_with_resume(tiny_ptb, tmp_path, capsys):
     assert "epoch 1/1: training perplexity" in printed
     assert "dynamic evaluation of test" in printed
     assert re.search(r"\ndynamic +[0-9.]+ +[0-9.]+\n", printed)  # the summary table
+    # The job ends with the saved model (vocabulary included) and a sample.
+    sample = printed.strip().splitlines()[-1]
+    first_test_words = (tiny_ptb / "ptb.test.txt").read_text().split()[:3]
+    assert sample.startswith("sample: " + " ".join(first_test_words) + " ")
+    loaded = keras.saving.load_model(str(saved))
+    assert loaded.vocabulary is not None and len(loaded.vocabulary) == loaded.vocabulary_size
+    assert loaded.generate("the", max_length=5).startswith("the ")
     # Resume: one more epoch from the checkpoint.
     example.main(_flags(tiny_ptb, tmp_path) + ["--epochs", "2", "--resume", "--no-dynamic", "--results-json", str(out)])
     results = json.loads(out.read_text())
@@ -85,6 +96,9 @@ def test_ptb_char_reports_bits_per_character(tiny_ptb, tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     assert re.search(r"bits/char +valid +test\nstatic +[0-9]\.[0-9]{3} +[0-9]\.[0-9]{3}", printed)
+    # A character-level sample: the test split's first 20 characters, continued.
+    first_line = " ".join((tiny_ptb / "ptb.test.txt").read_text().splitlines()[0].split())
+    assert printed.strip().splitlines()[-1].startswith("sample: " + first_line[:20])
     assert json.loads(out.read_text())["test_perplexity"] < 100
 
 

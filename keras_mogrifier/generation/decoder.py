@@ -1,0 +1,273 @@
+"""A stateful language model driven one step at a time: the decoding loop's core."""
+
+import contextlib
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mogrifier.backend import get_backend_module
+from keras_mogrifier.samplers.beam_sampler import BeamSampler
+from keras_mogrifier.samplers.greedy_sampler import GreedySampler
+from keras_mogrifier.samplers.random_sampler import RandomSampler
+from keras_mogrifier.samplers.top_k_sampler import TopKSampler
+from keras_mogrifier.samplers.top_p_sampler import TopPSampler
+
+# Lengths of the windows in which known tokens (prompts, scored texts) are
+# read: few compiled shapes, few calls. What is left over is read one step
+# at a time.
+WINDOWS = (64, 16, 4)
+_BUILT_IN_SAMPLERS = (BeamSampler, GreedySampler, RandomSampler, TopKSampler, TopPSampler)
+# The score of an empty beam: far below any sum of log-probabilities.
+_NO_BEAM = -1e9
+
+
+class Decoder:
+    """Runs a stateful `LanguageModel` through its carried state.
+
+    A `LanguageModel` with `stateful=True` keeps each row's recurrent state
+    in `recurrent_state_variables` from one call to the next, so text is
+    read once: a window of known tokens is one call (`read`), each new token
+    one call (`step`). Both are compiled once per input shape with the
+    backend seam's `model_function`, which keeps the state the model
+    assigns. Rows are the first `b` rows of the model's state (`b` at most
+    `capacity`); the state is not reset between calls — `fresh_state()`
+    starts from zero and restores the carried state afterwards.
+
+    The logits are the model's at evaluation: dropout off, one sample,
+    multiplied by the model's softmax temperature.
+
+    Args:
+        model: a built `LanguageModel` with `stateful=True`.
+        jit_compile: bool or `"auto"`. Compile with XLA (see
+            `keras_mogrifier.backend`). Defaults to `"auto"`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_mogrifier.models import LanguageModel
+    >>> model = LanguageModel(20, units=8, num_layers=1, batch_size=2)
+    >>> model.build((2, None))
+    >>> decoder = Decoder(model)
+    >>> with decoder.fresh_state():
+    ...     next_ids, log_probs = decoder.step(np.array([3, 4]), np.zeros(2, "float32"))
+    >>> tuple(log_probs.shape)
+    (2, 20)
+    """
+
+    def __init__(self, model, jit_compile="auto"):
+        check_model(model)
+        if jit_compile not in ("auto", True, False):
+            raise ValueError(
+                "Expected `jit_compile` to be True, False or 'auto'. "
+                f"Received: jit_compile={jit_compile!r}"
+            )
+        self.model = model
+        backend = get_backend_module()
+        if jit_compile == "auto":
+            jit_compile = backend.default_jit_compile(model)
+        self.jit_compile = bool(jit_compile)
+        self._backend = backend
+        self._read = backend.model_function(model, self._read_fn, self.jit_compile)
+        self._steps = {}
+
+    @property
+    def capacity(self):
+        """How many rows can run at once (the rows of the carried state)."""
+        return int(self.model.recurrent_state_variables[0].shape[0])
+
+    @contextlib.contextmanager
+    def fresh_state(self):
+        """Zero recurrent state inside; the carried state is restored on exit."""
+        states = self.model.recurrent_state_variables
+        saved = [ops.copy(v.value) for v in states]
+        try:
+            self.reset_state()
+            yield self
+        finally:
+            for v, value in zip(states, saved):
+                v.assign(value)
+
+    def reset_state(self):
+        """Zeroes the recurrent state of every row."""
+        for v in self.model.recurrent_state_variables:
+            v.assign(ops.zeros(v.shape, v.dtype))
+
+    def read(self, inputs, targets):
+        """Reads `inputs` `(b, t)` and returns `log p(targets)` `(b, t)`."""
+        return self._read(_int_tensor(inputs), _int_tensor(targets))
+
+    def step(self, tokens, uniform, sampler=None):
+        """Reads one token per row and picks the next.
+
+        Args:
+            tokens: int `(b,)`. The current token of every row.
+            uniform: float32 `(b,)` in `[0, 1)`. The step's randomness.
+            sampler: a `Sampler` or `None` (greedy).
+
+        Returns:
+            `(next_tokens, log_probs)`: int32 `(b,)` and the model's
+            log-probabilities of the next token, float32 `(b, vocabulary)`.
+        """
+        sampler = sampler or GreedySampler()
+        step = self._steps.get(_sampler_key(sampler))
+        if step is None:
+            step = self._backend.model_function(
+                self.model, self._step_fn(sampler), self.jit_compile
+            )
+            self._steps[_sampler_key(sampler)] = step
+        return step(_int_tensor(tokens), ops.convert_to_tensor(uniform, "float32"))
+
+    def beam_step(self, tokens, scores, generating, forced, finished, pad, sampler):
+        """One step of beam search; the state rows follow their beams.
+
+        Row `i · B + j` of the state is beam `j` of prompt `i` (`B` =
+        `sampler.num_beams`). Each beam reads its current token; the `B`
+        best extensions of each prompt's beams become its new beams, and
+        the state rows are reordered to match.
+
+        Args:
+            tokens: int `(b · B,)`. Each beam's current token.
+            scores: float32 `(b, B)`. Each beam's total log-probability.
+            generating: bool `(b,)`. Prompts past their prompt tokens; the
+                others keep their beams and take `forced`.
+            forced: int `(b,)`. The next prompt token of the others.
+            finished: bool `(b · B,)`. Beams that ended with a stop token:
+                their only extension is `pad`, at no cost.
+            pad: int. The token that extends a finished beam.
+            sampler: a `BeamSampler`.
+
+        Returns:
+            `(next_tokens (b · B,), scores (b, B), parents (b, B))`.
+        """
+        key = _sampler_key(sampler)
+        step = self._steps.get(key)
+        if step is None:
+            step = self._backend.model_function(
+                self.model, self._beam_step_fn(sampler), self.jit_compile
+            )
+            self._steps[key] = step
+        return step(
+            _int_tensor(tokens),
+            ops.convert_to_tensor(scores, "float32"),
+            ops.convert_to_tensor(np.asarray(generating, bool)),
+            _int_tensor(forced),
+            ops.convert_to_tensor(np.asarray(finished, bool)),
+            _int_tensor(np.full((), pad)),
+        )
+
+    def read_known(self, tokens, length):
+        """Reads `tokens[:, :length]` in windows; returns how many were read.
+
+        Whole windows of `WINDOWS` lengths only: the rest (fewer than the
+        shortest window) is left for `step`. The log-probabilities are not
+        kept.
+        """
+        position = 0
+        for window in WINDOWS:
+            while length - position >= window:
+                self.read(
+                    tokens[:, position : position + window],
+                    tokens[:, position + 1 : position + window + 1],
+                )
+                position += window
+        return position
+
+    def _read_fn(self, inputs, targets):
+        logits = self.model(inputs, training=False)
+        log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+        return ops.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+
+    def _step_fn(self, sampler):
+        model = self.model
+
+        def sampling_step(tokens, uniform):
+            logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
+            return sampler(logits, uniform), ops.log_softmax(logits, axis=-1)
+
+        return sampling_step
+
+
+    def _beam_step_fn(self, sampler):
+        model = self.model
+        beams = sampler.num_beams
+
+        def beam_search_step(tokens, scores, generating, forced, finished, pad):
+            logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
+            log_probs = ops.log_softmax(logits / sampler.temperature, axis=-1)
+            vocabulary = log_probs.shape[-1]
+            only_pad = ops.where(
+                ops.equal(ops.arange(vocabulary, dtype="int32"), pad), 0.0, _NO_BEAM
+            )
+            log_probs = ops.where(finished[:, None], only_pad[None, :], log_probs)
+            prompts = ops.shape(scores)[0]
+            candidates = ops.reshape(
+                scores[:, :, None] + ops.reshape(log_probs, (prompts, beams, vocabulary)),
+                (prompts, beams * vocabulary),
+            )
+            best, index = ops.top_k(candidates, k=beams, sorted=True)
+            index = ops.cast(index, "int32")
+            same = ops.broadcast_to(ops.arange(beams, dtype="int32")[None, :], ops.shape(index))
+            parents = ops.where(generating[:, None], index // vocabulary, same)
+            next_tokens = ops.where(
+                generating[:, None], index % vocabulary, ops.cast(forced, "int32")[:, None]
+            )
+            scores = ops.where(generating[:, None], best, scores)
+            rows = ops.reshape(
+                ops.arange(prompts, dtype="int32")[:, None] * beams + parents, (-1,)
+            )
+            for variable in model.recurrent_state_variables:
+                value = ops.convert_to_tensor(variable)
+                reordered = ops.take(value, rows, axis=0)
+                variable.assign(ops.slice_update(value, (0, 0), reordered))
+            return ops.reshape(next_tokens, (-1,)), scores, parents
+
+        return beam_search_step
+
+
+def decoder_for(model, jit_compile="auto"):
+    """The model's `Decoder` (one per setting, kept on the model)."""
+    check_model(model)
+    cache = model.__dict__.get("_decoders")
+    if cache is None:
+        cache = {}
+        # Plain attribute: not tracked or saved by Keras.
+        object.__setattr__(model, "_decoders", cache)
+    decoder = cache.get(jit_compile)
+    if decoder is None:
+        decoder = cache[jit_compile] = Decoder(model, jit_compile)
+    return decoder
+
+
+def check_model(model):
+    """A `ValueError` unless `model` can be driven through its carried state."""
+    if not isinstance(model, keras.Model) or not hasattr(model, "vocabulary_size"):
+        raise ValueError(
+            "Expected a `keras_mogrifier.LanguageModel`. "
+            f"Received: {type(model).__name__}"
+        )
+    if not getattr(model, "stateful", False):
+        raise ValueError(
+            "Expected a stateful LanguageModel: generation and scoring carry "
+            "the recurrent state from one step to the next (use "
+            "`model.with_options(stateful=True, batch_size=n)`). Received: "
+            "stateful=False"
+        )
+    if not model.built or not getattr(model, "recurrent_state_variables", None):
+        raise ValueError(
+            "Expected a built model (call it once, or `model.build((batch, "
+            f"None))`). Received an unbuilt model: {model.name}"
+        )
+
+
+def _sampler_key(sampler):
+    # A built-in sampler is known by its settings (a new `TopKSampler(k=5)`
+    # reuses the compiled step); any other by identity, since its
+    # `get_config` need not cover everything `get_next_token` reads.
+    if type(sampler) in _BUILT_IN_SAMPLERS:
+        return (type(sampler).__name__, tuple(sorted(sampler.get_config().items())))
+    return ("object", id(sampler), sampler)
+
+
+def _int_tensor(x):
+    return ops.convert_to_tensor(np.asarray(ops.convert_to_numpy(x), "int32"))
