@@ -18,6 +18,7 @@ from keras_mogrifier.evaluation import NeuralCache
 from keras_mogrifier.evaluation import search_dynamic_evaluation
 from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.initializers import ChronoInitializer
+from keras_mogrifier.layers import CellRNN
 from keras_mogrifier.layers import DualOutput
 from keras_mogrifier.layers import Mogrifier
 from keras_mogrifier.layers import MogrifierLSTM

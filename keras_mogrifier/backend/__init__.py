@@ -72,3 +72,17 @@ def get_backend_module():
             f"Received: {name!r}"
         )
     return importlib.import_module(f"keras_mogrifier.backend.{name}")
+
+
+def rnn(step_function, inputs, initial_states, **kwargs):
+    """Keras's own time loop: the one `keras.layers.RNN` runs.
+
+    `tf.while_loop` on TensorFlow, `jax.lax.scan` on JAX, a Python loop on
+    PyTorch, with Keras's masking, `go_backwards`, `unroll` and
+    `time_major` (see `keras.layers.RNN`). It is not exported by Keras 3
+    (`keras.src.backend.rnn`): the Keras range is pinned in pyproject.toml
+    and the import is tested (tests/layers/cell_rnn_test.py).
+    """
+    from keras.src import backend
+
+    return backend.rnn(step_function, inputs, initial_states, **kwargs)

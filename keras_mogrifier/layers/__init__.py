@@ -1,3 +1,4 @@
+from keras_mogrifier.layers.cell_rnn import CellRNN
 from keras_mogrifier.layers.dual_output import DualOutput
 from keras_mogrifier.layers.mogrifier import Mogrifier
 from keras_mogrifier.layers.mogrifier import MogrifierFactorInitializer

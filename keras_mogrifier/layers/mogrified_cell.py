@@ -4,8 +4,25 @@
 the arguments common to both, the variational dropout masks (through Keras's
 `DropoutRNNCell` mixin, so that `keras.layers.RNN` creates one mask per
 sequence outside the time loop), the `Mogrifier` sub-layer, and the optional
-adaptation matrix of sparse dynamic evaluation. A subclass only creates its
-step weights (`build_step`) and computes one step (`step`).
+adaptation matrix of sparse dynamic evaluation. A subclass creates its step
+weights (`build_step`), reads them (`gate_weights`), projects the input
+(`project_input`) and computes one step from the projected input (`step`).
+
+One time step, in one place (`recurrent_step`), whichever loop runs it:
+
+```
+x = inputs ⊙ M_in                    # per-sequence input mask (training)
+h_prev = h_prev ⊙ M_state            # per-sequence state mask (training)
+x, h_prev = mogrify(x, h_prev)       # rounds > 0 only
+z_x = project_input(x)               # x @ W + b: no dependence on the state
+h, c = step(z_x, h_prev, c_prev)     # the recurrent products and the gates
+```
+
+`keras.layers.RNN(cell)` calls `call`, which reads the weights and runs all
+of it at every step. `CellRNN` (the full-sequence layers and the language
+model) reads the weights once per sequence, and when the input is not
+mogrified computes `project_input` for every time step at once, before the
+time loop: the loop then runs only `recurrent_step(..., projected=True)`.
 """
 
 import keras
@@ -148,9 +165,79 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
         """Creates the step's weights for inputs of size `input_dim`."""
         raise NotImplementedError
 
-    def step(self, x, h_prev, c_prev, state_mask):
-        """One step on mogrified `x`, `h_prev`; returns the new `(h, c)`."""
+    def gate_weights(self, dtype):
+        """The step's weights as tensors of `dtype`, in a dict."""
         raise NotImplementedError
+
+    def project_input(self, weights, x):
+        """`x @ W + b`: the part of the step that does not read the state.
+
+        `x` is `(..., m)`; the result is what `step` takes as `z_x`.
+        """
+        raise NotImplementedError
+
+    def step(self, weights, z_x, h_prev, c_prev, state_mask):
+        """One step from the projected input; returns the new `(h, c)`."""
+        raise NotImplementedError
+
+    # --- one time step -------------------------------------------------------
+
+    def step_weights(self):
+        """Every weight the time step reads, as tensors of the compute dtype.
+
+        `keras.layers.RNN` reads them at every step (through `call`);
+        `CellRNN` reads them once per sequence and passes them in.
+        """
+        dtype = self.compute_dtype
+        weights = self.gate_weights(dtype)
+        weights["mogrifier"] = (
+            None if self.mogrifier is None else self.mogrifier.round_weights(dtype)
+        )
+        weights["adaptation"] = (
+            None
+            if self.adaptation_kernel is None
+            else ops.cast(self.adaptation_kernel, dtype)
+        )
+        return weights
+
+    @property
+    def hoists_input_projection(self):
+        """Whether `project_input` can run before the time loop.
+
+        True when the input is not mogrified: its projection then does not
+        depend on the state.
+        """
+        return self.mogrifier is None
+
+    def input_mask(self, inputs, training):
+        """The per-sequence input dropout mask (`None` if none applies).
+
+        Drawn by `keras.layers.RNN` before the time loop from the first time
+        step (`inputs` is one step, `(batch, m)`).
+        """
+        if training and self.dropout > 0.0:
+            return self.get_dropout_mask(inputs)
+        return None
+
+    def recurrent_step(self, weights, x, states, training, projected=False):
+        """One time step on the (dropped-out) input `x`.
+
+        With `projected=True`, `x` is already `project_input(weights, x)`
+        (only for cells whose input is not mogrified).
+        """
+        h_prev, c_prev = states[0], states[1]
+        state_mask = None
+        if training and self.recurrent_dropout > 0.0:
+            state_mask = self.get_recurrent_dropout_mask(h_prev)
+            h_prev = h_prev * state_mask
+        if not projected:
+            if weights["mogrifier"] is not None:
+                x, h_prev = Mogrifier.mogrify(weights["mogrifier"], x, h_prev)
+            x = self.project_input(weights, x)
+        h, c = self.step(weights, x, h_prev, c_prev, state_mask)
+        if weights["adaptation"] is not None:
+            h = self._adapt(weights["adaptation"], h)
+        return h, [h, c]
 
     # --- shared machinery ----------------------------------------------------
 
@@ -219,25 +306,13 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
         return initializer
 
     def call(self, inputs, states, training=False):
-        h_prev, c_prev = states[0], states[1]
-        x = inputs
-        if training and self.dropout > 0.0:
-            x = x * self.get_dropout_mask(inputs)
-        state_mask = None
-        if training and self.recurrent_dropout > 0.0:
-            state_mask = self.get_recurrent_dropout_mask(h_prev)
-            h_prev = h_prev * state_mask
-        if self.mogrifier is not None:
-            x, h_prev = self.mogrifier([x, h_prev])
-        h, c = self.step(x, h_prev, c_prev, state_mask)
-        if self.adaptation_kernel is not None:
-            h = self._adapt(h)
-        return h, [h, c]
+        mask = self.input_mask(inputs, training)
+        x = inputs if mask is None else inputs * mask
+        return self.recurrent_step(self.step_weights(), x, states, training)
 
-    def _adapt(self, h):
+    def _adapt(self, kernel, h):
         size = self.adaptation_units
         head = h[:, :size]
-        kernel = ops.cast(self.adaptation_kernel, h.dtype)
         if self.adaptation_streams is None:
             delta = ops.matmul(head, kernel)
         else:

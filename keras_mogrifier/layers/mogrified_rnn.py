@@ -1,6 +1,8 @@
-"""Base of the full-sequence layers: a `keras.layers.RNN` around one cell.
+"""Base of the full-sequence layers: a `CellRNN` around one cell.
 
-Like `keras.layers.LSTM` wraps `LSTMCell`, `MogrifierLSTM` and `RLSTM` take
+`CellRNN` is `keras.layers.RNN` with the input projection hoisted out of the
+time loop (when the input is not mogrified) and the weights read once per
+sequence. Like `keras.layers.LSTM` wraps `LSTMCell`, `MogrifierLSTM` and `RLSTM` take
 the cell's arguments and the RNN's arguments side by side and serialise them
 flat, so `get_config` reads like the cell's, and `Bidirectional` (which
 rebuilds the backward layer from the config) works.
@@ -9,6 +11,8 @@ rebuilds the backward layer from the config) works.
 import inspect
 
 import keras
+
+from keras_mogrifier.layers.cell_rnn import CellRNN
 
 _RNN_ARGS = (
     "return_sequences",
@@ -23,7 +27,7 @@ _RNN_ARGS = (
 _SHARED_ARGS = ("dtype", "trainable")
 
 
-class MogrifiedRNN(keras.layers.RNN):
+class MogrifiedRNN(CellRNN):
     """Base class of `MogrifierLSTM` and `RLSTM`; not used directly."""
 
     cell_class = None  # set by subclasses

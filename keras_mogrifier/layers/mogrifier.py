@@ -191,21 +191,50 @@ class Mogrifier(keras.layers.Layer):
 
     def call(self, inputs):
         x, h = inputs
-        for i, (kernels, bias) in enumerate(
-            zip(self._round_kernels, self._round_biases), start=1
-        ):
-            source = h if i % 2 == 1 else x
-            z = source
+        return list(self.mogrify(self.round_weights(), x, h))
+
+    def round_weights(self, dtype=None):
+        """The rounds' weights as tensors: a list of `(matrices, bias)`.
+
+        Read once and passed to `mogrify`, so that a recurrent layer can
+        read them once per sequence instead of once per time step. `dtype`
+        (default: the compute dtype) is the dtype they are cast to.
+        """
+        dtype = dtype or self.compute_dtype
+        return [
+            (
+                [ops.cast(kernel, dtype) for kernel in kernels],
+                None if bias is None else ops.cast(bias, dtype),
+            )
+            for kernels, bias in zip(self._round_kernels, self._round_biases)
+        ]
+
+    @staticmethod
+    def mogrify(weights, x, h):
+        """The rounds on `x` and `h` with `weights` from `round_weights`.
+
+        Returns the tuple `(x, h)` after the last round.
+        """
+        for i, (kernels, bias) in enumerate(weights, start=1):
+            z = h if i % 2 == 1 else x
             for kernel in kernels:
                 z = ops.matmul(z, kernel)
             if bias is not None:
-                z = z + bias
-            gate = 2.0 * ops.sigmoid(z)
+                # `ops.add` with a bias vector is TensorFlow's BiasAdd, whose
+                # gradient is one reduction (`+` also builds a reshape).
+                z = ops.add(z, bias)
+            # 2σ(z) ⊙ v computed as y + y with y = σ(z) ⊙ v: the same numbers
+            # (doubling is exact in floating point), but no product with a
+            # constant (TensorFlow would also compute the constant's
+            # gradient) and no tensor kept for the backward pass besides the
+            # ones it needs anyway.
             if i % 2 == 1:
-                x = gate * x
+                x = ops.sigmoid(z) * x
+                x = x + x
             else:
-                h = gate * h
-        return [x, h]
+                h = ops.sigmoid(z) * h
+                h = h + h
+        return x, h
 
     def compute_output_shape(self, input_shape):
         return list(_split_shapes(input_shape))

@@ -135,16 +135,30 @@ class MogrifierLSTMCell(MogrifiedCell):
             else None
         )
 
-    def step(self, x, h_prev, c_prev, state_mask):
-        z = ops.matmul(x, self.kernel)
-        z = ops.add(z, ops.matmul(h_prev, self.recurrent_kernel))
-        if self.bias is not None:
-            z = ops.add(z, self.bias)
+    def gate_weights(self, dtype):
+        return {
+            "kernel": ops.cast(self.kernel, dtype),
+            "recurrent_kernel": ops.cast(self.recurrent_kernel, dtype),
+            "bias": None if self.bias is None else ops.cast(self.bias, dtype),
+        }
+
+    def project_input(self, weights, x):
+        z_x = ops.matmul(x, weights["kernel"])
+        if weights["bias"] is not None:
+            z_x = ops.add(z_x, weights["bias"])
+        return z_x
+
+    def step(self, weights, z_x, h_prev, c_prev, state_mask):
+        z = ops.add(z_x, ops.matmul(h_prev, weights["recurrent_kernel"]))
         z_i, z_f, z_j, z_o = ops.split(z, 4, axis=-1)
-        i = ops.sigmoid(z_i)
         f = ops.sigmoid(z_f)
         if self.capped_input_gate:
-            i = ops.minimum(i, 1.0 - f)
+            # min(σ(z_i), 1 − σ(z_f)) = σ(min(z_i, −z_f)), since σ increases
+            # and 1 − σ(z) = σ(−z): no subtraction from a constant, whose
+            # gradient TensorFlow would also compute.
+            i = ops.sigmoid(ops.minimum(z_i, ops.negative(z_f)))
+        else:
+            i = ops.sigmoid(z_i)
         c = f * c_prev + i * ops.tanh(z_j)
         h = ops.sigmoid(z_o) * ops.tanh(c)
         return h, c

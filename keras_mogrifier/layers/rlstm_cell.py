@@ -147,22 +147,42 @@ class RLSTMCell(MogrifiedCell):
             else None
         )
 
-    def step(self, x, h_prev, c_prev, state_mask):
-        n = self.units
-        z_h = ops.matmul(h_prev, self.recurrent_kernel)
-        z_ij = ops.add(ops.matmul(x, self.kernel), z_h[:, : 2 * n])
-        z_f = z_h[:, 2 * n :]
-        if self.bias is not None:
-            z_ij = ops.add(z_ij, self.bias[: 2 * n])
-            z_f = ops.add(z_f, self.bias[2 * n : 3 * n])
-        z_i, z_j = ops.split(z_ij, 2, axis=-1)
+    def gate_weights(self, dtype):
+        weights = {
+            name: ops.cast(getattr(self, name), dtype)
+            for name in (
+                "kernel", "recurrent_kernel", "forget_kernel", "output_kernel"
+            )
+        }
+        if self.bias is None:
+            weights["input_bias"] = weights["output_bias"] = None
+        else:
+            # (i, j, f) go with the projected input, o with the output gate.
+            weights["input_bias"], weights["output_bias"] = ops.split(
+                ops.cast(self.bias, dtype), [3 * self.units], axis=-1
+            )
+        return weights
+
+    def project_input(self, weights, x):
+        # [x @ W_i + b_i, x @ W_j + b_j, b_f]: as wide as `h_prev @ U`, so the
+        # step adds the two in one operation and splits once; the forget bias
+        # rides along (x has no weights to f).
+        z_x = ops.matmul(x, weights["kernel"])
+        z_x = ops.pad(z_x, [(0, 0)] * (len(z_x.shape) - 1) + [(0, self.units)])
+        if weights["input_bias"] is not None:
+            z_x = ops.add(z_x, weights["input_bias"])
+        return z_x
+
+    def step(self, weights, z_x, h_prev, c_prev, state_mask):
+        z = ops.add(z_x, ops.matmul(h_prev, weights["recurrent_kernel"]))
+        z_i, z_j, z_f = ops.split(z, 3, axis=-1)
         i = ops.sigmoid(z_i)
         j = ops.tanh(z_j)
-        f = ops.sigmoid(z_f + ops.matmul(i * j, self.forget_kernel))
+        f = ops.sigmoid(ops.add(z_f, ops.matmul(i * j, weights["forget_kernel"])))
         c = f * c_prev + ops.minimum(i, 1.0 - f) * j
         c_seen = c if state_mask is None else c * state_mask
-        z_o = ops.matmul(c_seen, self.output_kernel)
-        if self.bias is not None:
-            z_o = ops.add(z_o, self.bias[3 * n :])
+        z_o = ops.matmul(c_seen, weights["output_kernel"])
+        if weights["output_bias"] is not None:
+            z_o = ops.add(z_o, weights["output_bias"])
         h = ops.sigmoid(z_o) * ops.tanh(c)
         return h, c

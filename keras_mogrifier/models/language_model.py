@@ -8,6 +8,7 @@ from keras_mogrifier import generation
 from keras_mogrifier._export import register
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.data.vocabulary import Vocabulary
+from keras_mogrifier.layers.cell_rnn import CellRNN
 from keras_mogrifier.layers.dual_output import DualOutput
 from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
 from keras_mogrifier.layers.rlstm_cell import RLSTMCell
@@ -375,8 +376,10 @@ class LanguageModel(keras.Model):
             if adaptation_units is not None and layer == adapted:
                 cell_kwargs["adaptation_units"] = adaptation_units
                 cell_kwargs["adaptation_streams"] = adaptation_streams
+            # keras.layers.RNN with the input projection hoisted out of the
+            # time loop (same weights, same numbers).
             self.recurrent_layers.append(
-                keras.layers.RNN(
+                CellRNN(
                     cell_class(units, **cell_kwargs),
                     return_sequences=True,
                     return_state=True,

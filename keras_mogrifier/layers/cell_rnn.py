@@ -1,0 +1,92 @@
+"""`keras.layers.RNN` for the package's cells, with the time loop kept lean."""
+
+import keras
+from keras import ops
+
+from keras_mogrifier import backend
+from keras_mogrifier._export import register
+from keras_mogrifier.layers.mogrified_cell import MogrifiedCell
+
+
+@register
+class CellRNN(keras.layers.RNN):
+    """`keras.layers.RNN` that runs the package's cells with less per step.
+
+    Computes what `keras.layers.RNN(cell)` computes, with the same weights,
+    arguments and dropout masks, but does outside the time loop whatever
+    does not depend on the recurrent state:
+
+    - the cell's weights are read (and cast, under mixed precision) once per
+      sequence, not at every step;
+    - when the input is not mogrified (`mogrifier_rounds=0`: the LSTM and
+      the RLSTM), the input projection `(x ⊙ M_in) @ W + b` is computed for
+      all time steps at once, as one large matrix product before the loop
+      (the input dropout mask `M_in` is drawn once per sequence, so it is
+      applied first); the loop then only computes the recurrent products
+      and the gates.
+
+    The step inside the loop is the cell's own `recurrent_step`, the one
+    `keras.layers.RNN(cell)` runs through `cell.call`: the gate arithmetic
+    exists once. Masking, `go_backwards`, `stateful`, `unroll`,
+    `return_state` and mixed precision behave as in `keras.layers.RNN`
+    (Keras's own time loop runs the steps). A cell that is not one of the
+    package's runs exactly as in `keras.layers.RNN`.
+
+    `MogrifierLSTM`, `RLSTM` and `LanguageModel` use it; it takes the
+    arguments of `keras.layers.RNN`.
+
+    Example:
+
+    >>> import numpy as np
+    >>> from keras_mogrifier import RLSTMCell
+    >>> layer = CellRNN(RLSTMCell(16), return_sequences=True)
+    >>> tuple(layer(np.zeros((2, 7, 8))).shape)
+    (2, 7, 16)
+    """
+
+    def inner_loop(self, sequences, initial_state, mask, training=False):
+        cell = self.cell
+        if not isinstance(cell, MogrifiedCell):
+            return super().inner_loop(
+                sequences, initial_state, mask, training=training
+            )
+        if keras.tree.is_nested(mask):
+            mask = mask[0]
+        weights = cell.step_weights()
+        # Time-major from here on: the loop reads one time step at a time,
+        # and transposing x is cheaper than transposing its projection.
+        x = ops.swapaxes(sequences, 0, 1)
+        input_mask = cell.input_mask(sequences[:, 0, :], training)
+        if input_mask is not None:
+            x = x * input_mask  # (time, batch, m) ⊙ (batch, m)
+        hoisted = cell.hoists_input_projection
+        if hoisted:
+            shape = ops.shape(x)
+            z_x = cell.project_input(weights, ops.reshape(x, (-1, shape[-1])))
+            x = ops.reshape(z_x, (shape[0], shape[1], z_x.shape[-1]))
+        if mask is not None:
+            mask = ops.swapaxes(mask, 0, 1)
+        if self.stateful:
+            # The state variables are assigned after the loop: the loop must
+            # not hold them (PyTorch would see an in-place write into a
+            # tensor that autograd saved).
+            initial_state = [ops.copy(s) for s in initial_state]
+
+        def step(x_t, states):
+            return cell.recurrent_step(
+                weights, x_t, states, training, projected=hoisted
+            )
+
+        last_output, outputs, states = backend.rnn(
+            step,
+            x,
+            initial_state,
+            go_backwards=self.go_backwards,
+            mask=mask,
+            unroll=self.unroll,
+            input_length=sequences.shape[1],
+            time_major=True,
+            zero_output_for_mask=self.zero_output_for_mask,
+            return_all_outputs=self.return_sequences,
+        )
+        return last_output, ops.swapaxes(outputs, 0, 1), states
