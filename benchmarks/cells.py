@@ -2,6 +2,10 @@
 
 Every configuration is a model `RNN(cell) -> mean squared error` trained with
 `train_on_batch` on random data (batch 32, 35 time steps, input size = units).
+Each cell runs twice: inside `keras.layers.RNN(cell)` (the reference path a
+user writes) and as the package's full-sequence layer (`km.MogrifierLSTM`,
+`km.RLSTM`: `CellRNN`, the input projection hoisted out of the time loop when
+the input is not mogrified). Any backend: set `KERAS_BACKEND`.
 Configurations are timed interleaved, in the same process, several rounds, and
 each is reported as the ratio of its median step time to the median step time
 of `keras.layers.LSTM` of the same size: absolute times on a shared machine
@@ -10,12 +14,22 @@ are noise, ratios are not.
     python benchmarks/cells.py                        # 400 and 650 units
     python benchmarks/cells.py --units 400 --rounds 5 --json cells.json
     python benchmarks/cells.py --jit-compile --policy mixed_bfloat16
+    KERAS_BACKEND=jax python benchmarks/cells.py --jit-compile
+    python benchmarks/cells.py --memory --units 650 --steps 70   # peak memory
+
+`--memory` runs each configuration in its own process: the peak resident
+memory (`ru_maxrss`) of a process that builds the model and runs 3 train
+steps, minus that of one that only builds it and runs a forward pass — what a
+training step costs on top of the weights, compiled code included.
 """
 
 import argparse
 import json
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -45,6 +59,17 @@ CONFIGS = {
     "RLSTMCell r=5 k=32": lambda n: keras.layers.RNN(
         km.RLSTMCell(n, mogrifier_rounds=5, mogrifier_rank=32),
         return_sequences=True,
+    ),
+    # The full-sequence layers (CellRNN): the same cells, the same numbers.
+    "MogrifierLSTM r=0 (layer)": lambda n: km.MogrifierLSTM(
+        n, mogrifier_rounds=0, capped_input_gate=False, return_sequences=True
+    ),
+    "RLSTM (layer)": lambda n: km.RLSTM(n, return_sequences=True),
+    "MogrifierLSTM r=5 k=32 (layer)": lambda n: km.MogrifierLSTM(
+        n, mogrifier_rounds=5, mogrifier_rank=32, return_sequences=True
+    ),
+    "RLSTM r=5 k=32 (layer)": lambda n: km.RLSTM(
+        n, mogrifier_rounds=5, mogrifier_rank=32, return_sequences=True
     ),
 }
 BASELINE = "keras.layers.LSTM"
@@ -96,9 +121,59 @@ def run(units_list, batch, steps, rounds, repeats, jit_compile, unroll, names):
     return results
 
 
+def _peak_rss_mib():
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def memory_worker(name, units, batch, steps, jit_compile, train):
+    """Prints the peak RSS (MiB) of building `name` and (if `train`) 3 steps."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, steps, units)).astype("float32")
+    y = rng.normal(size=(batch, steps, units)).astype("float32")
+    model = build(name, units, batch, steps, jit_compile, False)
+    model.predict_on_batch(x)
+    if train:
+        for _ in range(3):
+            model.train_on_batch(x, y)
+    print(f"PEAK_RSS_MIB {_peak_rss_mib():.1f}")
+
+
+def measure_memory(names, units, batch, steps, jit_compile):
+    results = []
+    for name in names:
+        peaks = []
+        for train in (False, True):
+            command = [
+                sys.executable, os.path.abspath(__file__), "--memory-worker", name,
+                "--units", str(units), "--batch", str(batch), "--steps", str(steps),
+            ] + (["--jit-compile"] if jit_compile else []) + (["--train"] if train else [])
+            out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            peaks.append(float(out.split("PEAK_RSS_MIB")[-1].split()[0]))
+        results.append(
+            {"units": units, "config": name, "build_mib": peaks[0],
+             "train_step_mib": peaks[1] - peaks[0]}
+        )
+    base = next(r for r in results if r["config"] == BASELINE)["train_step_mib"]
+    for r in results:
+        r["ratio_vs_keras_lstm"] = r["train_step_mib"] / base
+    return results
+
+
+def print_memory_table(results, header):
+    print(header)
+    print("| units | configuration | peak RSS, model built (MiB) | + training (MiB) | × keras LSTM |")
+    print("| ---: | --- | ---: | ---: | ---: |")
+    for r in results:
+        print(
+            f"| {r['units']} | {r['config']} | {r['build_mib']:.0f} | "
+            f"{r['train_step_mib']:.0f} | {r['ratio_vs_keras_lstm']:.2f} |"
+        )
+
+
 def print_table(results, header):
     print(header)
-    print(f"| units | configuration | step (ms) | × keras LSTM | tokens/s |")
+    print("| units | configuration | step (ms) | × keras LSTM | tokens/s |")
     print("| ---: | --- | ---: | ---: | ---: |")
     for r in results:
         print(
@@ -119,9 +194,32 @@ def main():
     parser.add_argument("--policy", default="float32")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS))
     parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--memory", action="store_true",
+                        help="peak memory of a train step instead of its time")
+    parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--train", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     keras.config.set_dtype_policy(args.policy)
+    if args.memory_worker:
+        memory_worker(args.memory_worker, args.units[0], args.batch, args.steps,
+                      args.jit_compile, args.train)
+        return
     names = [BASELINE] + [n for n in args.configs if n != BASELINE]
+    if args.memory:
+        header = (
+            f"peak memory, batch {args.batch}, {args.steps} steps, "
+            f"jit_compile={args.jit_compile}, keras {keras.__version__}, "
+            f"backend {keras.backend.backend()}"
+        )
+        results = [
+            r for units in args.units
+            for r in measure_memory(names, units, args.batch, args.steps, args.jit_compile)
+        ]
+        print_memory_table(results, header)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"setting": header, "results": results}, f, indent=2)
+        return
     results = run(
         args.units, args.batch, args.steps, args.rounds, args.repeats,
         args.jit_compile, args.unroll, names,
