@@ -32,6 +32,18 @@ WITH_OPTIONS = (
 _STEP_STATES = threading.local()
 
 
+class RNN(CellRNN):
+    """`CellRNN` as `LanguageModel` holds its recurrent layers.
+
+    The class name is what a `.keras` file sees: Keras stores the layers of
+    a list under their class names in snake case, and models saved before
+    `CellRNN` existed (with `keras.layers.RNN`) hold their recurrent layers
+    at `layers/rnn`, `layers/rnn_1`, …; under this name the new layers are
+    stored at the same paths, so those files load, and new files keep the
+    layout. Not registered: `LanguageModel` builds these from its own config.
+    """
+
+
 @register
 class LanguageModel(keras.Model):
     """A recurrent language model: the architectures of the three papers.
@@ -379,7 +391,7 @@ class LanguageModel(keras.Model):
             # keras.layers.RNN with the input projection hoisted out of the
             # time loop (same weights, same numbers).
             self.recurrent_layers.append(
-                CellRNN(
+                RNN(
                     cell_class(units, **cell_kwargs),
                     return_sequences=True,
                     return_state=True,
