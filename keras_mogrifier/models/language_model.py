@@ -192,6 +192,14 @@ class LanguageModel(keras.Model):
             None. The tokens of the ids (`vocabulary_size` of them), kept in
             the config (and so in a `.keras` file): `generate` and `score`
             then read and write text. Defaults to `None`.
+        mixture_of_softmaxes: int. `K`: with `K ≥ 1`, a mixture of `K`
+            softmaxes (`MixtureOfSoftmaxes`, lamb's log-domain mixture) on the
+            vectors the output layer would read, through the same output
+            layer, and the model outputs normalised log-probabilities (τ
+            multiplies each component's logits; no tied-embedding
+            projection: the mixture's own maps to the embedding width). `1`
+            is a `tanh` projection before one softmax. `0` is the single
+            softmax. See docs/mixture-of-softmaxes.md. Defaults to `0`.
         **kwargs: base model keyword arguments, such as `name`.
 
     Example:
@@ -630,7 +638,8 @@ class LanguageModel(keras.Model):
         """The softmax layer's input features and the logits of `inputs`.
 
         The features are the vectors the output layer reads (after the Dual
-        head, output dropout and the tied-embedding projection), of width
+        head, output dropout and the tied-embedding projection; with a
+        mixture of softmaxes, the mixture's input), of width
         `softmax_width`; the logits are what `model(inputs)` returns
         (temperature applied at inference). The carried state advances as in
         an ordinary call. Used by `NeuralCache`, whose keys are these
