@@ -20,6 +20,7 @@ from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.initializers import ChronoInitializer
 from keras_mogrifier.layers import CellRNN
 from keras_mogrifier.layers import DualOutput
+from keras_mogrifier.layers import MixtureOfSoftmaxes
 from keras_mogrifier.layers import Mogrifier
 from keras_mogrifier.layers import MogrifierLSTM
 from keras_mogrifier.layers import MogrifierLSTMCell

@@ -11,6 +11,7 @@ from keras_mogrifier.data.reverse_copy import reverse_copy
 from keras_mogrifier.data.synthetic import synthetic_corpus
 from keras_mogrifier.data.synthetic import synthetic_lines
 from keras_mogrifier.data.vocabulary import Vocabulary
+from keras_mogrifier.data.wikitext2 import load_wikitext2
 
 __all__ = [
     "Corpus",
@@ -19,6 +20,7 @@ __all__ = [
     "batchify",
     "load_corpus",
     "load_ptb",
+    "load_wikitext2",
     "read_lines",
     "reverse_copy",
     "synthetic_corpus",

@@ -158,9 +158,14 @@ class _MonteCarloScorer(keras.Model):
 
     def call(self, inputs, training=False):
         ids, targets = inputs["ids"], ops.cast(inputs["targets"], "int32")
-        out = self.ensemble(ids, training=True)
         if self.ensemble.softmax_chunk_size is None:
-            return token_nll(targets, out * self.temperature)
+            if not getattr(self.ensemble, "mixture_of_softmaxes", 0):
+                out = self.ensemble(ids, training=True)
+                return token_nll(targets, out * self.temperature)
+            # A mixture's τ acts inside each component: from the features.
+            out, _ = self.ensemble(ids, training=True, return_features=True)
+        else:
+            out = self.ensemble(ids, training=True)
         log_prob = self.ensemble.target_log_probabilities(
             out, targets, self.chunk_size, temperature=self.temperature
         )

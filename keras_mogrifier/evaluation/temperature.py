@@ -25,7 +25,9 @@ def search_temperature(
     As the authors' code does, the logits are *multiplied* by τ and the
     candidates run from 1.06 down in steps of 0.02 to 0.80. The model's
     logits are computed once per window (with τ = 1) and the loss of every
-    candidate is accumulated from them, over at most `max_tokens` predicted
+    candidate is accumulated from them (with a mixture of softmaxes, whose
+    τ multiplies each component's logits inside its softmax, the recurrent
+    pass runs once per window and the output layer once per candidate), over at most `max_tokens` predicted
     tokens of `ids`, with the recurrent state carried from window to window,
     starting from zero. Afterwards (also when it fails or is interrupted)
     the model's carried state is what it was before, as after `evaluate`,
@@ -99,6 +101,21 @@ def _summed_losses(model, ids, batch_size, sequence_length, max_tokens, temperat
     count = 0.0
     taus = ops.convert_to_tensor(np.asarray(temperatures, "float32"))
 
+    def mixture_window_losses(x, y, weight):
+        # A mixture of softmaxes: τ multiplies each component's logits
+        # inside its softmax, so scaling the mixture's log-probabilities
+        # would be wrong. The recurrent pass runs once; the output layer
+        # once per candidate, chunked (no (tokens, vocab) block per τ).
+        features, _ = model(x, training=False, return_features=True)
+        nll = ops.stack(
+            [
+                -model.target_log_probabilities(features, y, temperature=tau)
+                for tau in temperatures
+            ],
+            axis=-1,
+        )
+        return ops.sum(nll * ops.expand_dims(weight, -1), axis=(0, 1))
+
     def window_losses(x, y, weight):
         # Σ over tokens of the loss at every candidate τ, from one forward pass.
         logits = model(x, training=False)
@@ -108,8 +125,11 @@ def _summed_losses(model, ids, batch_size, sequence_length, max_tokens, temperat
         return ops.sum(nll * ops.expand_dims(weight, -1), axis=(0, 1))
 
     backend = get_backend_module()
+    mixture = getattr(model, "mixture_of_softmaxes", 0)
     step = backend.model_function(
-        model, window_losses, backend.default_jit_compile(model)
+        model,
+        mixture_window_losses if mixture else window_losses,
+        backend.default_jit_compile(model),
     )
     states = _recurrent_state.state_variables(model)
     saved_states = _recurrent_state.snapshot(states)

@@ -10,6 +10,8 @@ from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.data.vocabulary import Vocabulary
 from keras_mogrifier.layers.cell_rnn import CellRNN
 from keras_mogrifier.layers.dual_output import DualOutput
+from keras_mogrifier.layers.mixture_of_softmaxes import MixtureOfSoftmaxes
+from keras_mogrifier.layers.mixture_of_softmaxes import check_components
 from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
 from keras_mogrifier.layers.rlstm_cell import RLSTMCell
 from keras_mogrifier.losses.chunked_log_softmax import chunked_target_log_softmax
@@ -202,6 +204,14 @@ class LanguageModel(keras.Model):
             None. The tokens of the ids (`vocabulary_size` of them), kept in
             the config (and so in a `.keras` file): `generate` and `score`
             then read and write text. Defaults to `None`.
+        mixture_of_softmaxes: int. `K`: with `K ≥ 1`, a mixture of `K`
+            softmaxes (`MixtureOfSoftmaxes`, lamb's log-domain mixture) on the
+            vectors the output layer would read, through the same output
+            layer, and the model outputs normalised log-probabilities (τ
+            multiplies each component's logits; no tied-embedding
+            projection: the mixture's own maps to the embedding width). `1`
+            is a `tanh` projection before one softmax. `0` is the single
+            softmax. See docs/mixture-of-softmaxes.md. Defaults to `0`.
         **kwargs: base model keyword arguments, such as `name`.
 
     Example:
@@ -257,6 +267,7 @@ class LanguageModel(keras.Model):
         dual_embedding_dropout=None,
         dual_hidden_dropout=None,
         vocabulary=None,
+        mixture_of_softmaxes=0,
         **kwargs,
     ):
         v = _validation
@@ -302,6 +313,7 @@ class LanguageModel(keras.Model):
                 f"layers. Received: adaptation_layer={adaptation_layer}"
             )
         vocabulary = _as_vocabulary(vocabulary, vocabulary_size)
+        mixture_of_softmaxes = check_components(mixture_of_softmaxes)
         super().__init__(**kwargs)
 
         self.vocabulary_size = vocabulary_size
@@ -343,6 +355,7 @@ class LanguageModel(keras.Model):
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.vocabulary = vocabulary
+        self.mixture_of_softmaxes = mixture_of_softmaxes
 
         width = embedding_dim or units
         regularizer = keras.regularizers.L2(l2) if l2 > 0 else None
@@ -437,7 +450,21 @@ class LanguageModel(keras.Model):
                 name="projection",
                 **dense_init,
             )
-            if self.tie_embeddings and head_width != width
+            if self.tie_embeddings and head_width != width and not mixture_of_softmaxes
+            else None
+        )
+        # With a mixture, its projection W_p maps the head's output straight
+        # to K contexts of the output layer's width (lamb: no downprojection).
+        self.mixture = (
+            MixtureOfSoftmaxes(
+                mixture_of_softmaxes,
+                width if self.tie_embeddings else head_width,
+                kernel_regularizer=regularizer,
+                bias_regularizer=regularizer,
+                name="mixture_of_softmaxes",
+                **dense_init,
+            )
+            if mixture_of_softmaxes
             else None
         )
         self.output_layer = (
@@ -483,6 +510,9 @@ class LanguageModel(keras.Model):
                 f"width {head}, vocabulary_size={self.vocabulary_size}"
             )
         self.softmax_width = head
+        if self.mixture is not None:
+            self.mixture.build((None, None, head))
+            head = self.mixture.context_units
         if self.output_layer is not None:
             self.output_layer.build((None, None, head))
             self.output_bias = None
@@ -589,6 +619,8 @@ class LanguageModel(keras.Model):
         return logits
 
     def _logits(self, features, training):
+        if self.mixture is not None:
+            return self._mixture_log_probabilities(features, training)
         if self.output_layer is not None:
             logits = self.output_layer(features)
         else:
@@ -600,11 +632,26 @@ class LanguageModel(keras.Model):
             logits = logits * self.temperature_variable
         return logits
 
+    def _mixture_log_probabilities(self, features, training):
+        # log Σ_k π_k softmax(τ z_k): τ multiplies each component's logits.
+        contexts, log_weights = self.mixture(features)
+        if self.output_layer is not None:
+            logits = self.output_layer(contexts)
+        else:
+            table = ops.cast(self.embedding.embeddings, contexts.dtype)
+            logits = ops.matmul(contexts, ops.transpose(table))
+            logits = logits + ops.cast(self.output_bias, contexts.dtype)
+        logits = ops.cast(logits, "float32")
+        if not training:
+            logits = logits * self.temperature_variable
+        return self.mixture.mix(logits, log_weights)
+
     def features_and_logits(self, inputs, training=False):
         """The softmax layer's input features and the logits of `inputs`.
 
         The features are the vectors the output layer reads (after the Dual
-        head, output dropout and the tied-embedding projection), of width
+        head, output dropout and the tied-embedding projection; with a
+        mixture of softmaxes, the mixture's input), of width
         `softmax_width`; the logits are what `model(inputs)` returns
         (temperature applied at inference). The carried state advances as in
         an ordinary call. Used by `NeuralCache`, whose keys are these
@@ -701,7 +748,23 @@ class LanguageModel(keras.Model):
             kernel = ops.cast(kernel, "float32") * temperature
             bias = ops.cast(bias, "float32") * temperature
         chunk_size = chunk_size or self.softmax_chunk_size or DEFAULT_CHUNK_SIZE
-        return chunked_target_log_softmax(features, kernel, bias, targets, chunk_size)
+        if self.mixture is None:
+            return chunked_target_log_softmax(
+                features, kernel, bias, targets, chunk_size
+            )
+        # One chunked target log-softmax per component (never a full
+        # (tokens, vocab) block), then logsumexp_k(log π_k + log p_k).
+        contexts, log_weights = self.mixture(features)
+        per_component = [
+            chunked_target_log_softmax(
+                contexts[..., k, :], kernel, bias, targets, chunk_size
+            )
+            for k in range(self.mixture_of_softmaxes)
+        ]
+        return ops.logsumexp(
+            ops.stack(per_component, axis=-1) + ops.cast(log_weights, "float32"),
+            axis=-1,
+        )
 
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
@@ -1164,6 +1227,7 @@ class LanguageModel(keras.Model):
                 "vocabulary": (
                     None if self.vocabulary is None else self.vocabulary.get_config()
                 ),
+                "mixture_of_softmaxes": self.mixture_of_softmaxes,
             }
         )
         return config

@@ -45,6 +45,35 @@ A preset is a dict with two parts: `"model"`, the arguments of
   lamb's l2 and clip are for its loss summed over the 70 steps of a window
   and are converted (`keras_mogrifier.pipeline.units`): l2 2.5e-4 → 1.79e-6
   per Σv² on every trainable variable, biases included; clip 10 → 10/70.
+- `wikitext2`: the Mogrifier LSTM with a mixture of 2 softmaxes of the
+  Mogrifier paper's Wikitext-2 rows (Table 1: 56.6 test perplexity, 39.0
+  with dynamic evaluation), from lamb's released configuration
+  `experiment/mogrifier/config/c51c838b33a5+_tune_wikitext-2_35m_lstm_mos2_fm_d2_arms/trial_747/config`
+  (cited by line below). Load the corpus with
+  `keras_mogrifier.data.load_wikitext2(data_dir)`. lamb sizes the model by
+  `num_params` 35M (line 7) with `hidden_size` -1 (line 31): the largest
+  hidden size within the budget; 1366 units with embedding width
+  `int(0.1993 · 1366)` = 272 (line 11, tied, lines 8 and 12) gives 34.99M
+  parameters in this library's `LanguageModel` (33,278 words). The
+  Mogrifier: 6 rounds of rank 48 (lines 26-27; `feature_mask` False on line
+  28 is a deprecated flag, the rounds are set directly), on an LSTM
+  (`model` lstm, line 22) with the capped input gate (line 36), forget
+  bias 1 (line 54), lamb's skip connections (lines 24-25). Dropout: input
+  .547 (16), inter-layer .199 (38; `cell_output_dropout` with
+  `residual=False`), state .221 (39), output .348 (17); lamb also applies
+  its `downprojected_output_dropout` (-1, line 18: defaults to the output
+  dropout) to each component's context, which this library does not (see
+  docs/mixture-of-softmaxes.md). One dropout sample (line 45);
+  `drop_state_probability` 0.01 (49). Optimiser: lamb's RMSProp with
+  β₂ .999, ε 1e-8 (lines 61-63), which is Adam with β₁ = 0 (Mogrifier
+  §3.3), learning rate 3.29e-3 (74), batch 64 (67), BPTT 70 (70). On its
+  loss summed over the window: `l2_penalty` 1.9e-4 (46) → 1.36e-6 per Σv²,
+  `max_grad_norm` 10 (69) → 10/70 (`keras_mogrifier.pipeline.units`).
+  lamb trains 1000 turns of 200 steps (lines 57-59), 200k steps of 64×70
+  tokens: about 430 epochs of Wikitext-2's 2.09M training tokens. Its
+  model averaging (`model_average` arithmetic, triggered after 50 turns
+  without improvement, lines 44 and 71) is closest to Two-Tailed
+  Averaging here.
 """
 
 import copy
@@ -155,6 +184,45 @@ PRESETS = {
     },
 }
 
+# deepmind/lamb experiment/mogrifier/config/
+# c51c838b33a5+_tune_wikitext-2_35m_lstm_mos2_fm_d2_arms/trial_747/config
+_WT2_T = 70  # max_time_steps, line 70
+PRESETS["wikitext2"] = {
+    "model": {
+        "units": 1366,  # num_params 35M (line 7), hidden_size -1 (line 31)
+        "num_layers": 2,  # line 23
+        "embedding_dim": 272,  # input_embedding_ratio 0.1993 (line 11)
+        "cell": "mogrifier_lstm",
+        "mogrifier_rounds": 6,  # feature_mask_rounds, line 26
+        "mogrifier_rank": 48,  # feature_mask_rank, line 27
+        "capped_input_gate": True,  # cap_input_gate, line 36
+        "residual": False,  # residual_connections, line 24
+        "skip_connections": True,  # lstm_skip_connection, line 25
+        "tie_embeddings": True,  # line 8
+        "mixture_of_softmaxes": 2,  # mos_num_components, line 13
+        "input_dropout": 0.5469087645499495,  # line 16
+        "cell_output_dropout": 0.1988228263748591,  # inter_layer_dropout, 38
+        "state_dropout": 0.22137985867236876,  # line 39
+        "output_dropout": 0.34766651193735193,  # line 17
+        "samples": 1,  # num_training_samples, line 45
+        "l2": units.summed_loss_l2(0.00018994987193751323, _WT2_T),  # line 46
+        "drop_state_probability": 0.01,  # line 49
+    },
+    "training": {
+        "batch_size": 64,  # line 67
+        "sequence_length": _WT2_T,
+        "epochs": 430,  # 1000 turns × 200 steps (lines 57-59) of 64×70 tokens
+        "optimizer": "adam",  # rmsprop, β₂ .999, ε 1e-8 (lines 61-63)
+        "learning_rate": 0.003287792100749033,  # line 74
+        "beta_1": 0.0,
+        "global_clipnorm": units.summed_loss_clipnorm(10.0, _WT2_T),  # line 69
+        "two_tailed_averaging": True,
+        "divergence_recovery": True,
+        "eval_batch_size": 64,
+        "jit_compile": "auto",
+    },
+}
+
 TRAINING_DEFAULTS = {
     "batch_size": 32,
     "sequence_length": 35,
@@ -179,7 +247,7 @@ def get_preset(name, model=None, training=None):
     """A copy of the preset `name`, with overrides.
 
     Args:
-        name: str. One of `"tiny"`, `"small"`, `"paper"`.
+        name: str. One of `"tiny"`, `"small"`, `"paper"`, `"wikitext2"`.
         model: dict or None. Overrides of `LanguageModel` arguments.
         training: dict or None. Overrides of training settings (see
             `TRAINING_DEFAULTS`).

@@ -60,7 +60,9 @@ class LanguageModelHyperModel(keras_tuner.HyperModel):
     embedding ratio, l2, input / inter-layer (→ cell-output) / state / output
     dropout, mogrifier rounds 0–6 and rank −20…100), Circling Back §7 (Chrono
     `T_max` in `[e², e⁵]`, LSTM vs RLSTM) and the Dual paper's Table 1 (Dual
-    on/off, its units and input dropout). How hyperparameters map to the
+    on/off, its units and input dropout) and the mixture of softmaxes (K in
+    {0, 2}: the Mogrifier paper's PTB and Wikitext-2 rows). How
+    hyperparameters map to the
     model:
 
     - `embedding_ratio` r: embedding width `round(r · units)` (at least 1),

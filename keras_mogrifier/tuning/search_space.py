@@ -23,6 +23,8 @@ Sources (plain-text copies in the project's `../shared/seeds/`):
   `cell_output_dropout`, and Chrono's `T_max` is tuned in `[e², e⁵]`.
 - "The Importance of the Current Input in Sequence Modeling" (the Dual
   paper), ICLR 2022 submission, Table 1: dual units and dual dropouts.
+- The Mogrifier paper's Wikitext-2 rows use a mixture of K = 2 softmaxes
+  (`mixture_of_softmaxes`), its PTB rows one softmax.
 """
 
 import copy
@@ -39,6 +41,12 @@ MOGRIFIER_TABLE_6 = (
 )
 CIRCLING_BACK_7 = "Melis 2022 (Circling Back), §7"
 DUAL_TABLE_1 = "Importance of the Current Input (Dual paper), Table 1"
+MOGRIFIER_WT2_MOS = (
+    "Melis et al. 2020 (Mogrifier LSTM), Table 1 and the released Wikitext-2 "
+    "configuration (deepmind/lamb `experiment/mogrifier/config/"
+    "c51c838b33a5+_tune_wikitext-2_35m_lstm_mos2_fm_d2_arms/trial_747/config`"
+    " line 13)"
+)
 
 MOGRIFIER_CELLS = tuple(c for c in CELLS if c.startswith("mogrifier"))
 
@@ -122,6 +130,11 @@ LANGUAGE_MODEL_SEARCH_SPACE = {
         "default": 0.5,
         "source": f"{DUAL_TABLE_1}: Dual input dropout 0–0.5 (the Dual "
         "output dropout is `output_dropout` here)",
+    },
+    "mixture_of_softmaxes": {
+        "type": "choice", "values": [0, 2], "default": 0,
+        "source": f"{MOGRIFIER_WT2_MOS}: one softmax (PTB rows) or a mixture "
+        "of K = 2 softmaxes (Wikitext-2 rows, `mos_num_components` 2)",
     },
 }
 
@@ -213,6 +226,11 @@ _DOMAINS = {
         lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)
         and v > 0,
         "a positive integer",
+    ),
+    "mixture_of_softmaxes": (
+        lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)
+        and v >= 0,
+        "a non-negative integer (0: one softmax)",
     ),
     "segment_length": (lambda v: v >= 1, "at least 1"),
     "decay_rate": (lambda v: v > 0, "positive"),

@@ -68,7 +68,7 @@ def test_declares_the_papers_space_with_conditions(corpus):
         "learning_rate", "embedding_ratio", "l2", "input_dropout",
         "cell_output_dropout", "state_dropout", "output_dropout",
         "mogrifier_rounds", "mogrifier_rank", "chrono_t_max", "cell", "dual",
-        "dual_units", "dual_dropout",
+        "dual_units", "dual_dropout", "mixture_of_softmaxes",
     }
     assert (declared["chrono_t_max"].min_value, declared["chrono_t_max"].max_value) == (
         pytest.approx(math.exp(2)), pytest.approx(math.exp(5))
