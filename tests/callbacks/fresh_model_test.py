@@ -18,8 +18,12 @@ import keras_mogrifier as km
 from testing import Poison
 
 BACKEND = keras.backend.backend()
-# PyTorch has no `jit_compile`.
-JIT_COMPILE = [False] if BACKEND == "torch" else [False, True]
+# The cheaper setting of each backend runs every test; the other one (XLA
+# on a CPU, op-by-op JAX: slow) runs the issue's snippet, and on TensorFlow,
+# whose trainer builds the model inside the compiled step, the averaging
+# test too. PyTorch has no `jit_compile`.
+FAST = BACKEND == "jax"
+JIT_COMPILE = [FAST] if BACKEND == "torch" else [FAST, not FAST]
 VOCABULARY = 40
 BATCH = 4
 LENGTH = 5
@@ -176,19 +180,7 @@ def test_the_issue_snippet_recovers_from_a_nan(jit_compile):
     recovery = km.DivergenceRecovery(monitor=None, verbose=0)
     record = RecordWeights(recovery)
     model.fit(
-        _stream(5), epochs=1, verbose=0,
-        callbacks=[PoisonEmbedding(2), recovery, record],
-    )
-    _assert_recovered_to_start(recovery, record, model)
-
-
-@pytest.mark.parametrize("options", [{"samples": 2}, {"dual": True}])
-def test_multi_sample_and_dual_models_recover_from_a_nan(options):
-    model = _language_model(JIT_COMPILE[-1], **options)
-    recovery = km.DivergenceRecovery(monitor=None, verbose=0)
-    record = RecordWeights(recovery)
-    model.fit(
-        _stream(4), epochs=1, verbose=0,
+        _stream(3), epochs=1, verbose=0,
         callbacks=[PoisonEmbedding(1), recovery, record],
     )
     _assert_recovered_to_start(recovery, record, model)
@@ -197,8 +189,11 @@ def test_multi_sample_and_dual_models_recover_from_a_nan(options):
 # === TwoTailedAveraging ===
 
 
-@pytest.mark.parametrize("jit_compile", JIT_COMPILE)
-@pytest.mark.parametrize("recovery_first", [False, True])
+@pytest.mark.parametrize(
+    "recovery_first, jit_compile",
+    [(False, FAST), (True, FAST)]
+    + ([(True, True)] if BACKEND == "tensorflow" else []),
+)
 def test_averaging_and_recovery_in_either_order(recovery_first, jit_compile):
     model = _language_model(jit_compile, two_tailed=True)
     recovery = km.DivergenceRecovery(monitor=None, verbose=0)
@@ -224,27 +219,30 @@ def test_averaging_and_recovery_in_either_order(recovery_first, jit_compile):
 
 
 @pytest.mark.parametrize("options", [{"samples": 2}, {"dual": True}])
-def test_multi_sample_and_dual_models_average(options):
-    model = _language_model(JIT_COMPILE[-1], two_tailed=True, **options)
+def test_multi_sample_and_dual_models_recover_and_average(options):
+    model = _language_model(FAST, two_tailed=True, **options)
+    recovery = km.DivergenceRecovery(monitor=None, verbose=0)
     averaging = km.TwoTailedAveraging(
         _stream(2, seed=1), evaluation_frequency=2, prefer_raw_early=False,
         verbose=0,
     )
-    recovery = km.DivergenceRecovery(monitor=None, verbose=0)
-    model.fit(_stream(4), epochs=1, verbose=0, callbacks=[recovery, averaging])
-    assert recovery.recoveries == 0
+    record = RecordWeights(recovery)
+    model.fit(
+        _stream(5), epochs=1, verbose=0,
+        callbacks=[PoisonEmbedding(2), recovery, averaging, record],
+    )
+    _assert_recovered_to_start(recovery, record, model)
     _assert_holds_the_long_average(model, averaging)
 
 
 # === DynamicEvaluator ===
 
 
-@pytest.mark.parametrize("jit_compile", JIT_COMPILE)
 @pytest.mark.parametrize("recovery_first", [False, True])
-def test_dynamic_evaluation_in_fit_beside_recovery(recovery_first, jit_compile):
-    model = _language_model(jit_compile)
+def test_dynamic_evaluation_in_fit_beside_recovery(recovery_first):
+    model = _language_model(FAST)
     evaluator = km.DynamicEvaluator(
-        learning_rate=1e-2, segment_length=LENGTH, jit_compile=jit_compile,
+        learning_rate=1e-2, segment_length=LENGTH,
         validation_data=_ids(2, seed=1), gradient_data=_stream(2),
     )
     recovery = km.DivergenceRecovery(monitor=None, verbose=0)
@@ -256,19 +254,14 @@ def test_dynamic_evaluation_in_fit_beside_recovery(recovery_first, jit_compile):
     # What it reported is the dynamic evaluation of the trained model.
     results = evaluator.evaluate(_ids(2, seed=1), verbose=0)
     np.testing.assert_allclose(reported[0], results["loss"], rtol=1e-5)
-    static = km.DynamicEvaluator(model, learning_rate=0.0, update_rule="sgd")
-    assert results["loss"] != pytest.approx(
-        static.evaluate(_ids(2, seed=1), verbose=0)["loss"]
-    )
 
 
 # === A plain Keras model ===
 
 
-@pytest.mark.parametrize("jit_compile", JIT_COMPILE)
 @pytest.mark.parametrize("recovery_first", [False, True])
-def test_a_sequential_model_recovers_and_averages(recovery_first, jit_compile):
-    model, poison = _sequential(jit_compile, two_tailed=True)
+def test_a_sequential_model_recovers_and_averages(recovery_first):
+    model, poison = _sequential(FAST, two_tailed=True)
     rng = np.random.default_rng(0)
     x = rng.integers(0, VOCABULARY, (6 * BATCH, LENGTH))
     y = rng.integers(0, VOCABULARY, (6 * BATCH, LENGTH))
