@@ -69,12 +69,14 @@ class DivergenceRecovery(keras.callbacks.Callback):
     not in the epoch logs (no validation data), the last state at an epoch
     end (and, with `save_freq=n`, every `n` batches) whose loss and weights
     are finite. Before the first checkpoint, the state at the start of
-    training is used: for a model that `fit` builds itself (a `Sequential`
-    without `keras.Input`, on TensorFlow), the state after the first step,
-    since the weights do not exist before it (a `LanguageModel`'s `fit`
-    builds it before any callback runs). A checkpoint is kept in memory, or in an `.npz` file at
-    `filepath`. A state with non-finite weights is never checkpointed, so a
-    recovery never leaves non-finite weights.
+    training is used; for a model that Keras builds in the first step (on
+    TensorFlow, e.g. a `Sequential` without `keras.Input`), the state after
+    that step: the weights do not exist before it. (`LanguageModel.fit`
+    builds its model before any callback runs, unless it is stateful with
+    no `batch_size` and reads a dataset or a generator.) A checkpoint is
+    kept in memory, or in an `.npz` file at `filepath`. A state with
+    non-finite weights is never checkpointed, so a recovery never leaves
+    non-finite weights.
 
     After `max_consecutive_recoveries` recoveries in a row (with no new
     checkpoint and no epoch completed without a recovery in between), the

@@ -955,7 +955,7 @@ class LanguageModel(keras.Model):
             callbacks.insert(0, _ResetStatesEachEpoch())
             # Windows must arrive in order for the state to be carried.
             arguments.setdefault("shuffle", False)
-        self._build_before_fit(arguments["x"], batch_size)
+        self._build_before_fit(arguments.get("x"), batch_size)
         with _safe_calls.guarded_fit(
             self, callbacks, stop_on_non_finite, [check, validation_check]
         ) as callbacks:
