@@ -24,6 +24,12 @@ def _all_finite(arrays):
     return all(np.all(np.isfinite(a)) for a in _floating(arrays))
 
 
+def _fully_built(model):
+    # `model.trainable_variables` is complete only then: an optimizer built
+    # earlier would lack the weights created later ("Unknown variable").
+    return model.built and all(layer.built for layer in model._flatten_layers())
+
+
 def _no_nan(arrays):
     # Optimizer state may hold infinities on purpose (e.g. "no best loss
     # yet" in TwoTailedAveragingOptimizer.controller_state).
@@ -63,9 +69,14 @@ class DivergenceRecovery(keras.callbacks.Callback):
     not in the epoch logs (no validation data), the last state at an epoch
     end (and, with `save_freq=n`, every `n` batches) whose loss and weights
     are finite. Before the first checkpoint, the state at the start of
-    training is used. A checkpoint is kept in memory, or in an `.npz` file at
-    `filepath`. A state with non-finite weights is never checkpointed, so a
-    recovery never leaves non-finite weights.
+    training is used; for a model that Keras builds in the first step (on
+    TensorFlow, e.g. a `Sequential` without `keras.Input`), the state after
+    that step: the weights do not exist before it. (`LanguageModel.fit`
+    builds its model before any callback runs, unless it is stateful with
+    no `batch_size` and reads a dataset or a generator.) A checkpoint is
+    kept in memory, or in an `.npz` file at `filepath`. A state with
+    non-finite weights is never checkpointed, so a recovery never leaves
+    non-finite weights.
 
     After `max_consecutive_recoveries` recoveries in a row (with no new
     checkpoint and no epoch completed without a recovery in between), the
@@ -185,6 +196,7 @@ class DivergenceRecovery(keras.callbacks.Callback):
         self._epoch = 0
         self._recovered_this_epoch = False
         self._warned_missing_monitor = False
+        self._pending_start = False
 
     # === Checkpoints ===
 
@@ -313,6 +325,16 @@ class DivergenceRecovery(keras.callbacks.Callback):
                 "callable. Received: learning_rate="
                 f"{optimizer.learning_rate!r}"
             )
+        if _fully_built(self.model):
+            self._save_start()
+        else:
+            # Keras's TensorFlow trainer builds a model (and its optimizer)
+            # when it traces the first step: checkpoint after that step.
+            self._pending_start = True
+
+    def _save_start(self):
+        self._pending_start = False
+        optimizer = self.model.optimizer
         if not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         if not self._save({"epoch": 0, "step": self._step(), "monitor": None}):
@@ -328,6 +350,17 @@ class DivergenceRecovery(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
+        if self._pending_start:
+            if loss is not None and not math.isfinite(float(loss)):
+                raise RuntimeError(
+                    f"DivergenceRecovery: the first training step's loss is "
+                    f"{float(loss)}, and there is no checkpoint to recover "
+                    "to: the model was built by that step (build it before "
+                    "`fit`, e.g. with `keras.Input` or `model.build`, to "
+                    "checkpoint the state before it)."
+                )
+            if _fully_built(self.model):
+                self._save_start()
         if loss is None:
             return
         loss = float(loss)
@@ -353,6 +386,10 @@ class DivergenceRecovery(keras.callbacks.Callback):
         return self.monitor is not None and not self._warned_missing_monitor
 
     def on_epoch_end(self, epoch, logs=None):
+        if self._pending_start and _fully_built(self.model):
+            self._save_start()
+        if self._checkpoint is None:
+            return  # no step has run yet: nothing to check or recover to
         logs = logs or {}
         values = [logs.get("loss")]
         best_mode = self._best_mode(logs)
@@ -385,5 +422,7 @@ class DivergenceRecovery(keras.callbacks.Callback):
                 self.lowest_loss = min(self.lowest_loss, float(logs["loss"]))
 
     def on_train_end(self, logs=None):
+        if self._checkpoint is None:
+            return
         if not _all_finite(_snapshot(self.model.weights)):
             self._recover("non-finite weights at the end of training")

@@ -236,6 +236,19 @@ def prepare(model, x, y, sample_weight, batch_size, training, targets, role):
     return x, None
 
 
+def first_batch_rows(x, batch_size):
+    """The rows of the first batch `fit` takes from `x`, or `None` if unknown.
+
+    Known for a `StreamDataset` and for arrays (the first batch is the
+    largest); other data (datasets, generators) is only read by the trainer.
+    """
+    if isinstance(x, StreamDataset):
+        return x.batch_size
+    if x is not None and is_array_like(x):
+        return min(batch_size or KERAS_DEFAULT_BATCH_SIZE, len(x))
+    return None
+
+
 def prepare_validation_data(model, validation_data, batch_size):
     """`fit`'s `validation_data`, checked (or wrapped) as `evaluate`'s data."""
     if validation_data is None:

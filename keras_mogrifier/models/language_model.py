@@ -1030,10 +1030,29 @@ class LanguageModel(keras.Model):
             callbacks.insert(0, _ResetStatesEachEpoch())
             # Windows must arrive in order for the state to be carried.
             arguments.setdefault("shuffle", False)
+        self._build_before_fit(arguments.get("x"), batch_size)
         with _safe_calls.guarded_fit(
             self, callbacks, stop_on_non_finite, [check, validation_check]
         ) as callbacks:
             return super().fit(callbacks=callbacks, **arguments)
+
+    def _build_before_fit(self, x, batch_size):
+        """Builds the model from its first batch before `fit` calls any callback.
+
+        Keras's TensorFlow trainer builds a model only when it traces the
+        first step, after `on_train_begin`; JAX's and PyTorch's build it
+        before. Built here, every callback (`DivergenceRecovery`'s first
+        checkpoint, an optimizer it builds) sees all the weights on every
+        backend, and `fit`'s own snapshot covers them too.
+        """
+        if self.built:
+            return
+        rows = self.batch_size
+        if rows is None and self.stateful:
+            rows = _input_checks.first_batch_rows(x, batch_size)
+            if rows is None:
+                return  # the trainer builds it from the batches it reads
+        self.build((rows, None))
 
     def evaluate(self, x=None, y=None, *args, **kwargs):
         arguments = _input_checks.bind(keras.Model.evaluate, x, y, *args, **kwargs)
