@@ -1,7 +1,9 @@
 """Krause et al.'s ladder of test-time adaptation on a trained PTB model.
 
 Every rung is tuned on the same validation slice the same way (one pass per
-setting: the learning rate first, then the decay rate, as Krause et al. do;
+setting: the learning rate first, at the middle of the rung's decay grid,
+then the decay rate, as Krause et al. do; every learning rate at λ = 0 for
+the rungs without a prior;
 for the cache λ and θ from one pass), then scores the **whole** test split as
 one stream (batch 1, state carried):
 
@@ -111,9 +113,14 @@ def main():
                     print(f"gradient statistics (n={n}) in {time.time() - start:.0f} s", flush=True)
                 evaluator.gradient_statistics = statistics[n]
             if rule is not None:
+                # One λ (0 for the rungs without a prior): every η at it.
+                # Otherwise Krause's order, η first at the grid's middle λ,
+                # then λ at the best η — so no setting leaves the rung's grid.
+                evaluator.decay_rate = decay_rates[len(decay_rates) // 2]
                 best = km.search_dynamic_evaluation(
                     evaluator, tuning, learning_rates=list(learning_rates),
-                    decay_rates=list(decay_rates), strategy="sequential",
+                    decay_rates=list(decay_rates),
+                    strategy="grid" if len(decay_rates) == 1 else "sequential",
                 )
                 evaluator.learning_rate = best["learning_rate"]
                 evaluator.decay_rate = best["decay_rate"]
