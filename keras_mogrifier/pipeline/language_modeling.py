@@ -278,10 +278,20 @@ def dynamic_evaluation(
         log(f"dynamic evaluation skipped: {error}")
         return None
     diverged = sum(1 for r in search["results"] if "diverged" in r)
+    # Finite but blown up (perplexity past 1e6, as `describe_setting` says).
+    blew_up = sum(
+        1 for r in search["results"] if "diverged" not in r and r["perplexity"] > 1e6
+    )
+    failed = ", ".join(
+        part for part in (
+            f"{diverged} diverged" if diverged else "",
+            f"{blew_up} blew up" if blew_up else "",
+        ) if part
+    ) or "none diverged"
     log(
         f"dynamic evaluation: best learning_rate={search['learning_rate']:g}, "
         f"decay_rate={search['decay_rate']:g} ({len(search['results'])} "
-        f"settings, {diverged} diverged)"
+        f"settings, {failed})"
     )
     # A setting tuned on a slice can still diverge further into a stream:
     # then the next best one is used, and the run says so.
