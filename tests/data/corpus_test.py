@@ -159,3 +159,19 @@ def test_corpus_validates_its_arrays():
         Corpus({"train": np.zeros((2, 2), int)}, vocab)
     with pytest.raises(ValueError, match="'train' split"):
         Corpus.from_lines({"valid": ["a"]})
+
+
+def test_unreadable_files_are_named(tmp_path):
+    """A non-UTF-8 file or a truncated `.gz`: a ValueError naming the file
+    (was a bare `UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff`)."""
+    _write(tmp_path, {"train": TRAIN, "valid": TRAIN, "test": TEST})
+    (tmp_path / "ptb.valid.txt").write_bytes(b"\xff\xfe a b\n")
+    with pytest.raises(ValueError, match=r"ptb\.valid\.txt.*UTF-8 text") as info:
+        load_corpus(tmp_path)
+    assert "UnicodeDecodeError" in str(info.value)
+    (tmp_path / "ptb.valid.txt").write_text(TRAIN)
+    (tmp_path / "ptb.test.txt").unlink()
+    whole = gzip.compress(TEST.encode("utf-8") * 50)
+    (tmp_path / "ptb.test.txt.gz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"ptb\.test\.txt\.gz.*truncated or corrupt"):
+        load_corpus(tmp_path)
