@@ -12,6 +12,7 @@ import pytest
 
 import keras_mogrifier as km
 from keras_mogrifier.evaluation import DynamicEvaluator
+from keras_mogrifier.evaluation import NeuralCache
 from keras_mogrifier.evaluation import evaluate_stream
 from keras_mogrifier.evaluation import mc_dropout_evaluate
 from keras_mogrifier.evaluation.temperature import search_temperature
@@ -296,6 +297,38 @@ def test_dynamic_evaluation_on_a_mixture(sparse):
     adapted = ev.evaluate(stream, verbose=0, return_token_losses=True)
     assert np.all(np.isfinite(adapted["token_losses"]))
     assert not np.allclose(adapted["token_losses"], static["token_losses"])
+
+
+def test_neural_cache_on_a_mixture():
+    # Krause et al.'s eq. 3 with the mixture as p_model, from the model's weights:
+    # (1 - λ) p_mix(y) + λ Σ_{past i: y_i = y} softmax_i(θ h_t·h_i), h the mixture's input.
+    model = make_model(batch_size=1, scale=0.4, temperature=0.9)
+    stream = np.tile(ids((5,), seed=10), 7)[:33]  # period 5, inside the window
+    cache = NeuralCache(model, cache_size=7, interpolation=0.3, flatness=0.4,
+                        segment_length=5)
+    result = cache.evaluate(stream, verbose=0, return_token_losses=True)
+    model.reset_states()
+    features, _ = model.features_and_logits(stream[None, :-1])
+    model.reset_states()
+    h = to_numpy(features)[0].astype("float64")
+    assert h.shape[-1] == model.softmax_width
+    log_p = reference_log_probs(model, h[None], 0.9)[0]
+    targets = stream[1:]
+    expected = []
+    for t, y in enumerate(targets):
+        p = np.exp(log_p[t, y])
+        past = np.arange(max(0, t - 7), t)
+        if len(past):
+            scores = 0.4 * h[past] @ h[t]
+            w = np.exp(scores - scores.max())
+            p = 0.7 * p + 0.3 * w[targets[past] == y].sum() / w.sum()
+        expected.append(-np.log(p))
+    np.testing.assert_allclose(result["token_losses"][0], expected, rtol=2e-5, atol=2e-6)
+    cache.interpolation = 0.0
+    static = cache.evaluate(stream, verbose=0)
+    np.testing.assert_allclose(static["loss"], _stream_reference(model, stream, 0.9).mean(),
+                               rtol=1e-5)
+    assert result["loss"] < static["loss"]  # the repeated passage is in the cache
 
 
 def test_score_and_greedy_generation_on_a_mixture():

@@ -1,0 +1,38 @@
+"""examples/reverse_copy_study.py: a KerasTuner search per (cell, length) at a
+fixed parameter count, JSON rows, the figure, and resuming a cut-off study."""
+
+import json
+import math
+
+import pytest
+
+from ptb_word_test import _load_example
+
+ARGS = [
+    "--cells", "lstm", "mogrifier_lstm", "--lengths", "3", "--vocabulary-size", "5",
+    "--parameters", "3000", "--train-examples", "300", "--evaluation-examples", "64",
+    "--epochs", "1", "--trials", "2", "--mogrifier-rounds", "2",
+]
+
+
+def test_searches_each_cell_at_equal_parameters_and_resumes(tmp_path):
+    study = _load_example("reverse_copy_study")
+    results = tmp_path / "study.json"
+    figure = tmp_path / "study.png"
+    args = ARGS + ["--tuner-dir", str(tmp_path / "tuner"), "--results-json", str(results)]
+    rows = study.main(args + ["--figure", str(figure)])
+    assert [(r["cell"], r["length"]) for r in rows] == [("lstm", 3), ("mogrifier_lstm", 3)]
+    saved = json.loads(results.read_text())
+    assert saved["rows"] == json.loads(json.dumps(rows))
+    for row in rows:
+        # The hidden size follows the embedding size: the budget holds for each.
+        assert row["parameters"] == pytest.approx(3000, rel=0.1)
+        assert row["embedding_size"] in study.EMBEDDING_SIZES
+        assert row["learning_rate"] in study.LEARNING_RATES and row["l2"] in study.L2
+        assert len(row["trials"]) == 2
+        assert math.isfinite(row["test_cross_entropy"])
+        assert row["uniform_cross_entropy"] == pytest.approx(math.log(5))
+    assert figure.stat().st_size > 0
+    # Resuming: the points already in the file are not searched again.
+    again = study.main(args + ["--resume", "--cells", "lstm"])
+    assert again == json.loads(json.dumps(rows))
