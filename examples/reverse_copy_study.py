@@ -15,7 +15,10 @@ JSON after every (cell, length) and draws test cross-entropy against length:
         --figure docs/reverse_copy_study.png
 
 `--resume` skips the (cell, length) pairs already in the JSON file, so a run
-that was cut off goes on where it stopped.
+that was cut off goes on where it stopped. `--search grid` with short lists
+(`--embedding-sizes 8 16 32 64 --learning-rates 1e-2 --l2 0`) sweeps one
+hyperparameter fully; `--embedding-figure` then draws the best validation
+cross-entropy at each embedding size.
 """
 
 import argparse
@@ -42,10 +45,13 @@ L2 = (0.0, 1e-6, 1e-5)
 class ReverseCopyHyperModel(keras_tuner.HyperModel):
     """The encoder-decoder of `reverse_copy.py`, at a fixed parameter count."""
 
-    def __init__(self, cell, vocabulary_size, parameters, rounds, rank):
+    def __init__(self, cell, vocabulary_size, parameters, rounds, rank,
+                 embedding_sizes=EMBEDDING_SIZES, learning_rates=LEARNING_RATES, l2=L2):
         super().__init__(name=f"reverse_copy_{cell}")
         self.cell, self.vocabulary_size = cell, vocabulary_size
         self.parameters, self.rounds, self.rank = parameters, rounds, rank
+        self.choices = {"embedding_size": list(embedding_sizes),
+                        "learning_rate": list(learning_rates), "l2": list(l2)}
 
     def units(self, embedding_size):
         return example.units_for_parameters(
@@ -53,14 +59,21 @@ class ReverseCopyHyperModel(keras_tuner.HyperModel):
             self.rounds, self.rank)
 
     def build(self, hp):
-        embedding_size = hp.Choice("embedding_size", EMBEDDING_SIZES)
+        embedding_size = hp.Choice("embedding_size", self.choices["embedding_size"])
         units = self.units(embedding_size)
         rank = None if self.rank is None else min(self.rank, units, embedding_size)
         return example.build_model(
             self.cell, self.vocabulary_size, embedding_size, units, self.rounds, rank,
-            l2=hp.Choice("l2", L2),
-            learning_rate=hp.Choice("learning_rate", LEARNING_RATES),
+            l2=hp.Choice("l2", self.choices["l2"]),
+            learning_rate=hp.Choice("learning_rate", self.choices["learning_rate"]),
         )
+
+
+def _check_positive(parser, name, values, allow_zero=False):
+    bad = [v for v in values if v < 0 or (v == 0 and not allow_zero)]
+    if bad:
+        kind = "non-negative" if allow_zero else "positive"
+        parser.error(f"--{name.replace('_', '-')} must be {kind}; received {values}")
 
 
 def parse_args(argv=None):
@@ -76,7 +89,15 @@ def parse_args(argv=None):
     parser.add_argument("--train-examples", type=int, default=20_000)
     parser.add_argument("--evaluation-examples", type=int, default=2_000)
     parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--trials", type=int, default=4, help="KerasTuner trials per point")
+    parser.add_argument("--trials", type=int, default=4,
+                        help="KerasTuner trials per point (random search)")
+    parser.add_argument("--search", choices=("random", "grid"), default="random",
+                        help="random: `--trials` draws (the same seed, so the same "
+                        "draws, at every point); grid: every combination")
+    parser.add_argument("--embedding-sizes", nargs="+", type=int, default=list(EMBEDDING_SIZES))
+    parser.add_argument("--learning-rates", nargs="+", type=float,
+                        default=list(LEARNING_RATES))
+    parser.add_argument("--l2", nargs="+", type=float, default=list(L2))
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--mogrifier-rounds", type=int, default=5)
     parser.add_argument("--mogrifier-rank", type=int, help="default: full rank")
@@ -84,8 +105,13 @@ def parse_args(argv=None):
     parser.add_argument("--tuner-dir", default="runs/reverse_copy_study")
     parser.add_argument("--results-json", default="runs/reverse_copy_study.json")
     parser.add_argument("--figure", help="draw test cross-entropy against length here")
+    parser.add_argument("--embedding-figure",
+                        help="draw the best validation cross-entropy per embedding size here")
     parser.add_argument("--resume", action="store_true")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name in ("embedding_sizes", "learning_rates", "l2", "lengths"):
+        _check_positive(parser, name, getattr(args, name), allow_zero=name == "l2")
+    return args
 
 
 def study_point(args, cell, length):
@@ -94,13 +120,19 @@ def study_point(args, cell, length):
     valid = reverse_copy(args.evaluation_examples, length, size, seed=args.seed + 1)
     test = reverse_copy(args.evaluation_examples, length, size, seed=args.seed + 2)
     hypermodel = ReverseCopyHyperModel(cell, size, args.parameters, args.mogrifier_rounds,
-                                       args.mogrifier_rank)
+                                       args.mogrifier_rank, args.embedding_sizes,
+                                       args.learning_rates, args.l2)
     directory = os.path.join(args.tuner_dir, f"{cell}_L{length}")
     shutil.rmtree(directory, ignore_errors=True)
-    tuner = keras_tuner.RandomSearch(
+    if args.search == "grid":
+        tuner_class, max_trials = keras_tuner.GridSearch, (
+            len(args.embedding_sizes) * len(args.learning_rates) * len(args.l2))
+    else:
+        tuner_class, max_trials = keras_tuner.RandomSearch, args.trials
+    tuner = tuner_class(
         hypermodel,
         objective=keras_tuner.Objective("val_cross_entropy", "min"),
-        max_trials=args.trials,
+        max_trials=max_trials,
         seed=args.seed,
         directory=args.tuner_dir,
         project_name=f"{cell}_L{length}",
@@ -162,6 +194,34 @@ def draw(rows, path, vocabulary_size):
     fig.savefig(path, dpi=120)
 
 
+def draw_embedding_sizes(rows, path):
+    """Best validation cross-entropy found at each embedding size (over the
+    other hyperparameters' trials), one line per (cell, length)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        best = {}
+        for t in r["trials"]:
+            if t["val_cross_entropy"] is not None:
+                e = t["embedding_size"]
+                best[e] = min(best.get(e, math.inf), t["val_cross_entropy"])
+        sizes = sorted(best)
+        ax.plot(sizes, [best[e] for e in sizes], marker="o",
+                label=f"{r['cell']}, L = {r['length']}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("embedding size")
+    ax.set_ylabel("best validation cross-entropy (nats per token)")
+    ax.set_title("Reverse copy, equal parameters: embedding size", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
 def main(argv=None):
     args = parse_args(argv)
     keras.utils.set_random_seed(args.seed)
@@ -188,6 +248,8 @@ def main(argv=None):
                            "backend": keras.backend.backend(), "rows": rows}, f, indent=2)
     if args.figure:
         draw(rows, args.figure, args.vocabulary_size)
+    if args.embedding_figure:
+        draw_embedding_sizes(rows, args.embedding_figure)
     return rows
 
 

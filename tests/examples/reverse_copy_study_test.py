@@ -36,3 +36,29 @@ def test_searches_each_cell_at_equal_parameters_and_resumes(tmp_path):
     # Resuming: the points already in the file are not searched again.
     again = study.main(args + ["--resume", "--cells", "lstm"])
     assert again == json.loads(json.dumps(rows))
+
+
+def test_grid_search_covers_every_combination_and_draws_embedding_sizes(tmp_path):
+    study = _load_example("reverse_copy_study")
+    figure = tmp_path / "embedding.png"
+    rows = study.main([
+        "--cells", "lstm", "--lengths", "3", "--vocabulary-size", "5", "--parameters", "3000",
+        "--train-examples", "200", "--evaluation-examples", "64", "--epochs", "1",
+        "--search", "grid", "--embedding-sizes", "4", "8", "--learning-rates", "0.01",
+        "--l2", "0", "--tuner-dir", str(tmp_path / "tuner"),
+        "--results-json", str(tmp_path / "grid.json"), "--embedding-figure", str(figure),
+    ])
+    (row,) = rows
+    assert sorted(t["embedding_size"] for t in row["trials"]) == [4, 8]
+    assert {t["learning_rate"] for t in row["trials"]} == {0.01}
+    # Each embedding size gets its own hidden size: the budget holds for both.
+    assert figure.stat().st_size > 0
+
+
+@pytest.mark.parametrize("flag, value", [("--lengths", "0"), ("--embedding-sizes", "-8"),
+                                         ("--learning-rates", "0"), ("--l2", "-1e-5")])
+def test_nonsense_settings_are_refused(flag, value, capsys):
+    study = _load_example("reverse_copy_study")
+    with pytest.raises(SystemExit):
+        study.parse_args([flag, value])
+    assert "must be" in capsys.readouterr().err
