@@ -56,7 +56,7 @@ def test_grid_search_covers_every_combination_and_draws_embedding_sizes(tmp_path
 
 
 @pytest.mark.parametrize("flag, value", [("--lengths", "0"), ("--embedding-sizes", "-8"),
-                                         ("--learning-rates", "0"), ("--l2", "-1e-5")])
+                                         ("--learning-rates", "0"), ("--l2", "-0.00001")])
 def test_nonsense_settings_are_refused(flag, value, capsys):
     study = _load_example("reverse_copy_study")
     with pytest.raises(SystemExit):
