@@ -203,6 +203,9 @@ def draw_embedding_sizes(rows, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    cells = list(dict.fromkeys(r["cell"] for r in rows))
+    lengths = sorted({r["length"] for r in rows})
+    styles = ("-", "--", ":", "-.")
     for r in rows:
         best = {}
         for t in r["trials"]:
@@ -210,7 +213,9 @@ def draw_embedding_sizes(rows, path):
                 e = t["embedding_size"]
                 best[e] = min(best.get(e, math.inf), t["val_cross_entropy"])
         sizes = sorted(best)
-        ax.plot(sizes, [best[e] for e in sizes], marker="o",
+        # Colour: the cell; line style: the length.
+        ax.plot(sizes, [best[e] for e in sizes], marker="o", color=f"C{cells.index(r['cell'])}",
+                linestyle=styles[lengths.index(r["length"]) % len(styles)],
                 label=f"{r['cell']}, L = {r['length']}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("embedding size")
