@@ -175,18 +175,22 @@ def draw(rows, path, vocabulary_size):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for cell in dict.fromkeys(r["cell"] for r in rows):
+    for index, cell in enumerate(dict.fromkeys(r["cell"] for r in rows)):
         points = sorted((r for r in rows if r["cell"] == cell), key=lambda r: r["length"])
         xs = [r["length"] for r in points]
         ys = [r["test_cross_entropy"] for r in points]
         (line,) = ax.plot(xs, ys, marker="o", label=cell)
         for r in points:
+            # One label row per cell, so that close points stay readable.
             ax.annotate(f"e{r['embedding_size']}", (r["length"], r["test_cross_entropy"]),
-                        textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        textcoords="offset points", xytext=(-8, 8 + 9 * index), fontsize=7,
                         color=line.get_color())
-    ax.axhline(math.log(vocabulary_size), color="grey", linestyle=":", label="uniform guess")
+    uniform = math.log(vocabulary_size)
+    highest = max(r["test_cross_entropy"] for r in rows)
+    if highest > uniform / 3:
+        ax.axhline(uniform, color="grey", linestyle=":", label="uniform guess")
     ax.set_xlabel("sequence length L")
-    ax.set_ylabel("test cross-entropy (nats per token)")
+    ax.set_ylabel(f"test cross-entropy (nats per token; uniform {uniform:.2f})")
     ax.set_title("Reverse copy, equal parameters (eN: best embedding size)", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
