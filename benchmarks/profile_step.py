@@ -144,46 +144,40 @@ def profile(config, units, batch, steps, traced_steps, repeats):
     for _ in range(3):
         model.train_on_batch(x, y)
     wall = statistics.median(cells.time_steps(model, x, y, repeats))
-    logdir = tempfile.mkdtemp(prefix="profile_step_")
-    # Level 3: every operation, the inexpensive ones run inline included.
+    # Level 3 asks for the inexpensive operations too; TensorFlow still runs
+    # some of them inline, untraced (hence the graph counts below).
     options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)
-    tf.profiler.experimental.start(logdir, options=options)
-    for _ in range(traced_steps):
-        model.train_on_batch(x, y)
-    tf.profiler.experimental.stop()
+    with tempfile.TemporaryDirectory(prefix="profile_step_") as logdir:
+        tf.profiler.experimental.start(logdir, options=options)
+        for _ in range(traced_steps):
+            model.train_on_batch(x, y)
+        tf.profiler.experimental.stop()
+        events = list(op_events(_xspace(logdir)))
     places = collections.defaultdict(lambda: {"ops": 0, "us": 0.0})
     kinds = collections.defaultdict(lambda: {"ops": 0, "us": 0.0})
-    for name, kind, us in op_events(_xspace(logdir)):
+    for name, kind, us in events:
         phase, where = place(name)
-        places[(phase, where)]["ops"] += 1
-        places[(phase, where)]["us"] += us
-        if where == "loop":
-            kinds[(phase, kind)]["ops"] += 1
-            kinds[(phase, kind)]["us"] += us
-    per_step = traced_steps
-    result = {
-        "config": config,
-        "units": units,
-        "wall_ms": 1000 * wall,
-        "places": {},
-        "loop_kinds": [],
-    }
+        groups = [places[(phase, where)]] + ([kinds[(phase, kind)]] if where == "loop" else [])
+        for group in groups:
+            group["ops"] += 1
+            group["us"] += us
+
+    def summary(v):
+        # Per train step (the trace holds `traced_steps`), and per operation.
+        return {"ops_per_train_step": v["ops"] / traced_steps,
+                "kernel_ms": v["us"] / traced_steps / 1000,
+                "mean_us_per_op": v["us"] / max(v["ops"], 1)}
+
+    result = {"config": config, "units": units, "wall_ms": 1000 * wall, "places": {}}
     for (phase, where), v in sorted(places.items()):
-        ops_per_step = v["ops"] / per_step
-        result["places"][f"{phase} {where}"] = {
-            "ops_per_time_step": ops_per_step / steps if where == "loop" else None,
-            "ops_per_train_step": ops_per_step,
-            "kernel_ms": v["us"] / per_step / 1000,
-            "mean_us_per_op": v["us"] / max(v["ops"], 1),
-        }
-    for (phase, kind), v in sorted(kinds.items(), key=lambda kv: -kv[1]["us"]):
-        result["loop_kinds"].append({
-            "phase": phase,
-            "kind": kind,
-            "ops_per_time_step": v["ops"] / per_step / steps,
-            "kernel_ms": v["us"] / per_step / 1000,
-            "mean_us_per_op": v["us"] / max(v["ops"], 1),
-        })
+        p = summary(v)
+        p["ops_per_time_step"] = p["ops_per_train_step"] / steps if where == "loop" else None
+        result["places"][f"{phase} {where}"] = p
+    result["loop_kinds"] = [
+        {"phase": phase, "kind": kind, **summary(v),
+         "ops_per_time_step": v["ops"] / traced_steps / steps}
+        for (phase, kind), v in sorted(kinds.items(), key=lambda kv: -kv[1]["us"])
+    ]
     result["kernel_ms"] = sum(p["kernel_ms"] for p in result["places"].values())
     counts = graph_counts(model, x, y)
     result["loop_graph_ops"] = {

@@ -27,9 +27,12 @@ import time
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+import cells  # noqa: E402
 import keras_mogrifier as km  # noqa: E402
 
 
@@ -75,16 +78,12 @@ def main():
     y = rng.normal(size=(b, t, n)).astype("float32")
     rs = list(range(args.max_rounds + 1))
     models = {r: build(n, r, k, b, t, args.jit_compile) for r in rs}
-    for model in models.values():
-        model.train_on_batch(x, y)
-        model.train_on_batch(x, y)
+    for model in models.values():  # compile and warm up
+        cells.time_steps(model, x, y, 2)
     samples = {r: [] for r in rs}
-    for _ in range(args.rounds):
+    for _ in range(args.rounds):  # interleaved: each round times every model
         for r, model in models.items():
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                model.train_on_batch(x, y)
-                samples[r].append(time.perf_counter() - start)
+            samples[r].extend(cells.time_steps(model, x, y, args.repeats))
     medians = {r: 1000 * statistics.median(v) for r, v in samples.items()}
     # r = 0 hoists the input product out of the loop (the input is not
     # mogrified), r ≥ 1 cannot: the line is fitted from r = 1 on.

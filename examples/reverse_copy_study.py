@@ -25,7 +25,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import time
 import warnings
 
@@ -122,8 +121,6 @@ def study_point(args, cell, length):
     hypermodel = ReverseCopyHyperModel(cell, size, args.parameters, args.mogrifier_rounds,
                                        args.mogrifier_rank, args.embedding_sizes,
                                        args.learning_rates, args.l2)
-    directory = os.path.join(args.tuner_dir, f"{cell}_L{length}")
-    shutil.rmtree(directory, ignore_errors=True)
     if args.search == "grid":
         tuner_class, max_trials = keras_tuner.GridSearch, (
             len(args.embedding_sizes) * len(args.learning_rates) * len(args.l2))
@@ -136,6 +133,7 @@ def study_point(args, cell, length):
         seed=args.seed,
         directory=args.tuner_dir,
         project_name=f"{cell}_L{length}",
+        overwrite=True,  # a point is searched afresh (`--resume` skips finished ones)
     )
     start = time.time()
     tuner.search(*train, validation_data=valid, batch_size=args.batch_size,
@@ -168,13 +166,24 @@ def study_point(args, cell, length):
     }
 
 
-def draw(rows, path, vocabulary_size):
+def _axes():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    return plt.subplots(figsize=(6, 4))
+
+
+def _save(fig, ax, path):
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def draw(rows, path, vocabulary_size):
+    fig, ax = _axes()
     for index, cell in enumerate(dict.fromkeys(r["cell"] for r in rows)):
         points = sorted((r for r in rows if r["cell"] == cell), key=lambda r: r["length"])
         xs = [r["length"] for r in points]
@@ -192,21 +201,13 @@ def draw(rows, path, vocabulary_size):
     ax.set_xlabel("sequence length L")
     ax.set_ylabel(f"test cross-entropy (nats per token; uniform {uniform:.2f})")
     ax.set_title("Reverse copy, equal parameters (eN: best embedding size)", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
+    _save(fig, ax, path)
 
 
 def draw_embedding_sizes(rows, path):
     """Best validation cross-entropy found at each embedding size (over the
     other hyperparameters' trials), one line per (cell, length)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _axes()
     cells = list(dict.fromkeys(r["cell"] for r in rows))
     lengths = sorted({r["length"] for r in rows})
     styles = ("-", "--", ":", "-.")
@@ -225,10 +226,7 @@ def draw_embedding_sizes(rows, path):
     ax.set_xlabel("embedding size")
     ax.set_ylabel("best validation cross-entropy (nats per token)")
     ax.set_title("Reverse copy, equal parameters: embedding size", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
+    _save(fig, ax, path)
 
 
 def main(argv=None):

@@ -108,3 +108,26 @@ def token_nll(ids, logits):
     log_p = np.take_along_axis(logits, idx, axis=-1)[..., 0] - log_z
     m = log_p.max(axis=1, keepdims=True)
     return -(m[:, 0] + np.log(np.exp(log_p - m).mean(axis=1)))
+
+
+def neural_cache_losses(features, log_p_model, targets, cache_size, interpolation, flatness):
+    """Krause et al.'s eq. 3, position by position (one stream, one pass).
+
+    `features` `(T, d)` are the cache's keys, `log_p_model` `(T, V)` the
+    model's log-probabilities and `targets` `(T,)` the tokens predicted; the
+    cache at position t holds the last `cache_size` positions before it:
+    `p = (1 - λ) p_model(y_t) + λ Σ_{i: y_i = y_t} softmax_i(θ h_t · h_i)`.
+    Returns the losses `-log p`, `(T,)`.
+    """
+    h = np.asarray(features, "float64")
+    losses = []
+    for t, y in enumerate(targets):
+        p = np.exp(log_p_model[t, y])
+        past = np.arange(max(0, t - cache_size), t)
+        if interpolation > 0 and len(past):
+            scores = flatness * h[past] @ h[t]
+            weights = np.exp(scores - scores.max())
+            hit = weights[targets[past] == y].sum()
+            p = (1 - interpolation) * p + interpolation * hit / weights.sum()
+        losses.append(-np.log(p))
+    return np.array(losses)

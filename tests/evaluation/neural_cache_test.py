@@ -6,6 +6,7 @@ import pytest
 from keras_mogrifier import NeuralCache
 from keras_mogrifier.models import LanguageModel
 
+import reference
 from testing import to_numpy
 
 V = 17
@@ -26,22 +27,11 @@ def numpy_cache_losses(model, stream, cache_size, lam, theta):
     model.reset_states()
     features, logits = model.features_and_logits(stream[None, :-1])
     model.reset_states()
-    h = to_numpy(features)[0].astype("float64")
     z = to_numpy(logits)[0].astype("float64")
-    p_model = np.exp(z - z.max(-1, keepdims=True))
-    p_model /= p_model.sum(-1, keepdims=True)
-    targets = stream[1:]
-    losses = []
-    for t in range(len(targets)):
-        p = p_model[t, targets[t]]
-        past = range(max(0, t - cache_size), t)
-        if lam > 0 and len(past):
-            scores = np.array([theta * h[t] @ h[i] for i in past])
-            weights = np.exp(scores - scores.max())
-            hit = sum(w for w, i in zip(weights, past) if targets[i] == targets[t])
-            p = (1 - lam) * p + lam * hit / weights.sum()
-        losses.append(-np.log(p))
-    return np.array(losses)
+    log_p_model = z - z.max(-1, keepdims=True)
+    log_p_model -= np.log(np.exp(log_p_model).sum(-1, keepdims=True))
+    return reference.neural_cache_losses(to_numpy(features)[0], log_p_model, stream[1:],
+                                         cache_size, lam, theta)
 
 
 @pytest.mark.parametrize("cell, dual", [("lstm", False), ("mogrifier_rlstm", True)])

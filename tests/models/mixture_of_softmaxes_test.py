@@ -21,6 +21,7 @@ from keras_mogrifier.losses import IWAEDropoutLoss
 from keras_mogrifier.metrics import Perplexity
 from keras_mogrifier.models import LanguageModel
 
+import reference
 from testing import assert_saved_model_round_trip
 from testing import to_numpy
 
@@ -313,16 +314,7 @@ def test_neural_cache_on_a_mixture():
     h = to_numpy(features)[0].astype("float64")
     assert h.shape[-1] == model.softmax_width
     log_p = reference_log_probs(model, h[None], 0.9)[0]
-    targets = stream[1:]
-    expected = []
-    for t, y in enumerate(targets):
-        p = np.exp(log_p[t, y])
-        past = np.arange(max(0, t - 7), t)
-        if len(past):
-            scores = 0.4 * h[past] @ h[t]
-            w = np.exp(scores - scores.max())
-            p = 0.7 * p + 0.3 * w[targets[past] == y].sum() / w.sum()
-        expected.append(-np.log(p))
+    expected = reference.neural_cache_losses(h, log_p, stream[1:], 7, 0.3, 0.4)
     np.testing.assert_allclose(result["token_losses"][0], expected, rtol=2e-5, atol=2e-6)
     cache.interpolation = 0.0
     static = cache.evaluate(stream, verbose=0)
