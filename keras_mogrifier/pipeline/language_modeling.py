@@ -60,9 +60,32 @@ def build_language_model(vocabulary_size, model_config, batch_size, vocabulary=N
 
 
 def build_optimizer(training):
-    """The optimizer of a training config (`sgd`, `adam` or `radam`)."""
+    """The optimizer of a training config (`sgd`, `adam` or `radam`).
+
+    With `cosine_decay_steps` N, the learning rate follows a cosine from
+    `learning_rate` at step 0 down to 0 at step N (Loshchilov & Hutter's
+    SGDR without restarts, `keras.optimizers.schedules.CosineDecay`), a
+    function of the optimizer's step count, so a run resumed from a
+    checkpoint continues on the same curve.
+    """
     name = _validation.one_of("optimizer", training["optimizer"], OPTIMIZERS)
-    kwargs = {"learning_rate": training["learning_rate"]}
+    learning_rate = training["learning_rate"]
+    decay_steps = _validation.optional_positive_int(
+        "cosine_decay_steps", training.get("cosine_decay_steps")
+    )
+    if decay_steps is not None:
+        for other in ("halve_after_epoch", "divergence_recovery"):
+            if training.get(other):
+                raise ValueError(
+                    "Expected at most one learning-rate schedule: "
+                    f"`cosine_decay_steps` sets the rate at every step, and `{other}` "
+                    "would set it too. Received: cosine_decay_steps="
+                    f"{decay_steps}, {other}={training[other]!r}"
+                )
+        learning_rate = keras.optimizers.schedules.CosineDecay(
+            float(learning_rate), decay_steps=decay_steps
+        )
+    kwargs = {"learning_rate": learning_rate}
     for clip in ("clipnorm", "global_clipnorm"):
         if training.get(clip):
             kwargs[clip] = training[clip]
@@ -432,6 +455,7 @@ def run_experiment(
     log=print,
     plot_path=None,
     like_for_like=True,
+    callbacks=None,
 ):
     """Trains and evaluates a language model; returns a dict of results.
 
@@ -459,6 +483,9 @@ def run_experiment(
             `like_for_like_evaluation`): validation on `eval_batch_size`
             streams and on one stream, test on one sequential stream.
             Defaults to `True`.
+        callbacks: list of `keras.callbacks.Callback` or None. More
+            callbacks for `fit`, after the training config's own (schedule,
+            recovery, averaging, checkpoint). Defaults to `None`.
 
     Returns:
         A dict with `valid_perplexity`, `test_perplexity` (at the tuned
@@ -527,7 +554,8 @@ def run_experiment(
             initial_epoch=initial_epoch,
             shuffle=False,
             callbacks=training_callbacks(training, checkpoint_dir, valid_data)
-            + [epoch_log],
+            + [epoch_log]
+            + list(callbacks or []),
             verbose=1 if verbose == 1 else 0,
         )
     train_seconds = seconds["training"] = time.time() - start

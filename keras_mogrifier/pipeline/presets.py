@@ -233,6 +233,7 @@ TRAINING_DEFAULTS = {
     "clipnorm": None,
     "global_clipnorm": None,
     "halve_after_epoch": None,
+    "cosine_decay_steps": None,
     "two_tailed_averaging": False,
     "averaging_frequency": 1000,
     "divergence_recovery": False,

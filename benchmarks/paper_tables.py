@@ -1,0 +1,785 @@
+"""The papers' comparison at CPU scale: do the better cells beat a tuned LSTM?
+
+Penn Treebank, word level. Every row is a 2-layer residual language model
+(Circling Back §3: tied embeddings, cell-output dropout, capped input gate,
+forget bias 1) with the same number of parameters (within 3 %: the runner
+picks each cell's `units`), the same optimizer (RAdam, β₁ = 0, the global
+gradient norm clipped at lamb's 10 on its loss summed over a window, i.e.
+10/T here), the same cosine learning-rate schedule, batch, window and epoch
+budget, and the same tuning effort: a KerasTuner random search (the same
+seed, so the same candidate settings for every row) of the learning rate and
+the input, cell-output, state and output dropout rates, with the same number
+of trials and the same per-trial budget, selected on validation perplexity.
+The best trial's setting is then trained for the full budget with each seed
+and scored: static test perplexity (temperature tuned on validation, and at
+τ = 1 on one stream, like for like with the papers' untuned figures) and
+dynamic evaluation (Krause's RMS rule with the RMS-scaled prior, tuned on a
+slice of validation).
+
+Rows: `lstm`, `mogrifier_lstm`, `rlstm`, `mogrifier_rlstm`; then, on the
+best of these by mean validation perplexity, `BEST+dual` (the Dual head)
+and `BEST+samples2` (two dropout samples, the IWAE objective): the Circling
+Back ablation.
+
+Everything is written to the JSON at once (every finished trial, every
+finished seed); KerasTuner's trials and per-epoch model checkpoints live in
+`--work-dir` (git-ignored); `--resume` continues where a run stopped (an
+interrupted trial is re-run, an interrupted final training continues from
+its last finished epoch).
+
+    # the study (hours: run it in the background)
+    KERAS_BACKEND=jax nohup python benchmarks/paper_tables.py \\
+        --data-dir ../shared/data/ptb --resume > runs/paper_tables.log 2>&1 &
+    # check one row: its first seed, the first epoch of its own schedule
+    KERAS_BACKEND=jax python benchmarks/paper_tables.py \\
+        --data-dir ../shared/data/ptb --row lstm --epochs 1 --output runs/check
+    # the table and the chart from the JSON
+    python benchmarks/paper_tables.py --table --figure docs/paper_tables_ptb.png
+
+Without `--data-dir` the package's embedded synthetic corpus is used (for a
+smoke run; its perplexities mean nothing for Penn Treebank).
+"""
+
+import argparse
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from keras_mogrifier.data import load_corpus  # noqa: E402
+from keras_mogrifier.data import synthetic_corpus  # noqa: E402
+from keras_mogrifier.models import LanguageModel  # noqa: E402
+from keras_mogrifier.pipeline import run_experiment  # noqa: E402
+from keras_mogrifier.pipeline import units as lamb_units  # noqa: E402
+from keras_mogrifier.tuning import LanguageModelHyperModel  # noqa: E402
+from keras_mogrifier.tuning import build_tuner  # noqa: E402
+from keras_mogrifier.tuning import trial_rows  # noqa: E402
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_JSON = os.path.join(
+    REPOSITORY, "benchmarks", "results", "paper_tables", "ptb_word.json"
+)
+DEFAULT_WORK_DIR = os.path.join(REPOSITORY, "runs", "paper_tables")
+
+BASE_ROWS = ("lstm", "mogrifier_lstm", "rlstm", "mogrifier_rlstm")
+# The Circling Back ablation, each on the best base row.
+ABLATIONS = {"dual": {"dual": True}, "samples2": {"samples": 2}}
+
+# Press & Wolf (2017): a tied 2-layer 200-unit LSTM has 2.65M parameters on
+# the 10k-word Penn Treebank vocabulary (the small model of docs/results.md).
+PARAMETERS = 2_650_000
+PARAMETER_TOLERANCE = 0.03
+# The released 24M PTB Mogrifier: 5 rounds of rank 84 at ~900 units
+# (SPEC §7); the rank is scaled with the width here.
+MOGRIFIER_ROUNDS = 5
+MOGRIFIER_RANK_PER_UNIT = 84 / 900
+# The regularisation searched for every row. Table 4 of the Mogrifier paper
+# (learning rate 1e-3–4e-3, dropouts up to 0.8–0.95) is for 24M models
+# trained for hundreds of epochs; the dropout ranges are cut to where a
+# 2.65M model trained for a few epochs can still learn, the same for every
+# row (widen a range if a best value sits on its edge).
+RANGES = {
+    "learning_rate": (1e-3, 4e-3),
+    "input_dropout": (0.0, 0.6),
+    "cell_output_dropout": (0.0, 0.5),
+    "state_dropout": (0.0, 0.5),
+    "output_dropout": (0.0, 0.6),
+}
+# Left out of the search: fixed below or at the LanguageModel default.
+NOT_SEARCHED = ("embedding_ratio", "chrono_t_max", "mixture_of_softmaxes",
+                "dual_units", "dual_dropout")
+LAMB_L2 = 2.5e-4  # lamb's PTB l2_penalty (SPEC §7), on its summed loss
+LAMB_CLIP = 10.0  # lamb's max_grad_norm, on its summed loss
+DROP_STATE_PROBABILITY = 0.01  # every released lamb config (SPEC §6)
+DYNAMIC = {  # the pipeline's dynamic evaluation (RMS + RMS prior, eq. 8)
+    "segment_length": 5,
+    "learning_rates": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3),
+    "decay_rates": (1e-3, 2e-3, 1e-2),
+    "tuning_tokens": 10_000,  # --dynamic-tuning-tokens
+    "statistics_batches": 300,  # --statistics-batches: 150k training tokens
+}
+
+
+# === Configuration ===
+
+
+def study_settings(args):
+    """The settings every row shares (recorded in the JSON)."""
+    return {
+        "parameters": args.parameters,
+        "parameter_tolerance": PARAMETER_TOLERANCE,
+        "num_layers": 2,
+        "batch_size": args.batch_size,
+        "sequence_length": args.bptt,
+        "epochs": args.final_epochs,
+        "trial_epochs": args.trial_epochs,
+        "trials": args.trials,
+        "seeds": args.seeds,
+        "tuner": "random",
+        "tuner_seed": args.tuner_seed,
+        "ranges": {k: list(v) for k, v in RANGES.items()},
+        "optimizer": "radam",
+        "beta_1": 0.0,
+        "global_clipnorm": lamb_units.summed_loss_clipnorm(LAMB_CLIP, args.bptt),
+        "l2": lamb_units.summed_loss_l2(LAMB_L2, args.bptt),
+        "drop_state_probability": DROP_STATE_PROBABILITY,
+        "mogrifier_rounds": MOGRIFIER_ROUNDS,
+        "mogrifier_rank_per_unit": MOGRIFIER_RANK_PER_UNIT,
+        "schedule": "cosine decay to 0 over the run's steps, per step",
+        "dynamic_evaluation": dict(
+            DYNAMIC, tuning_tokens=args.dynamic_tuning_tokens,
+            statistics_batches=args.statistics_batches,
+        ),
+        "max_tokens": args.max_tokens,
+        "backend": keras.backend.backend(),
+    }
+
+
+def mogrifier_rank(units):
+    return max(1, int(round(units * MOGRIFIER_RANK_PER_UNIT)))
+
+
+def model_config(row, units, settings):
+    """The fixed `LanguageModel` arguments of `row` at `units`."""
+    cell = row["cell"]
+    config = {
+        "cell": cell,
+        "units": units,
+        "embedding_dim": units,
+        "num_layers": settings["num_layers"],
+        "residual": True,
+        "tie_embeddings": True,
+        "capped_input_gate": True,
+        "unit_forget_bias": True,
+        "l2": settings["l2"],
+        "drop_state_probability": settings["drop_state_probability"],
+        "dual": bool(row.get("dual", False)),
+        "samples": int(row.get("samples", 1)),
+    }
+    if cell.startswith("mogrifier"):
+        config["mogrifier_rounds"] = settings["mogrifier_rounds"]
+        config["mogrifier_rank"] = mogrifier_rank(units)
+    return config
+
+
+def count_parameters(vocabulary_size, config):
+    model = LanguageModel(vocabulary_size, batch_size=1, **config)
+    model.build((1, None))
+    return int(sum(int(np.prod(w.shape)) for w in model.trainable_weights))
+
+
+def units_for_budget(vocabulary_size, row, settings):
+    """The `units` whose model is closest to the parameter budget."""
+    target = settings["parameters"]
+
+    def count(units):
+        return count_parameters(vocabulary_size, model_config(row, units, settings))
+
+    low, high = 1, 16
+    while count(high) < target:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if count(middle) < target:
+            low = middle
+        else:
+            high = middle
+    units = min((low, high), key=lambda u: abs(count(u) - target))
+    params = count(units)
+    if abs(params - target) > settings["parameter_tolerance"] * target:
+        raise ValueError(
+            f"Expected a model of {target:,} parameters within "
+            f"{settings['parameter_tolerance']:.0%} for row {row['name']!r}. "
+            f"Received: the closest has {params:,} (units={units})"
+        )
+    return units, params
+
+
+def fixed_training(settings, epochs, steps_per_epoch):
+    return {
+        "optimizer": settings["optimizer"],
+        "beta_1": settings["beta_1"],
+        "global_clipnorm": settings["global_clipnorm"],
+        "cosine_decay_steps": epochs * steps_per_epoch,
+        "jit_compile": "auto",
+    }
+
+
+def hypermodel_for(row, settings, vocabulary_size, epochs, steps_per_epoch):
+    fixed = model_config(row, row["units"], settings)
+    fixed.update(fixed_training(settings, epochs, steps_per_epoch))
+    ranges = {name: None for name in NOT_SEARCHED}
+    ranges.update({name: tuple(bounds) for name, bounds in settings["ranges"].items()})
+    return LanguageModelHyperModel(
+        vocabulary_size,
+        batch_size=settings["batch_size"],
+        sequence_length=settings["sequence_length"],
+        fixed=fixed,
+        ranges=ranges,
+        max_tokens=settings["max_tokens"],
+    )
+
+
+def steps_per_epoch(corpus, settings):
+    tokens = len(corpus.train) - 1
+    if settings["max_tokens"]:
+        tokens = min(tokens, settings["max_tokens"])
+    return tokens // (settings["batch_size"] * settings["sequence_length"])
+
+
+# === Results file ===
+
+
+class Study:
+    """The JSON of the study, written after every finished unit."""
+
+    def __init__(self, path, settings, command, resume):
+        self.path = path
+        if resume and os.path.exists(path):
+            with open(path) as f:
+                self.data = json.load(f)
+            recorded = {
+                k: v for k, v in self.data["settings"].items() if k != "backend"
+            }
+            current = {k: v for k, v in settings.items() if k != "backend"}
+            if json.loads(json.dumps(current)) != recorded:
+                changed = sorted(
+                    k for k in set(current) | set(recorded)
+                    if json.loads(json.dumps(current.get(k))) != recorded.get(k)
+                )
+                raise ValueError(
+                    f"Expected the settings recorded in {path} to resume that "
+                    f"study. Received different values for: {changed}"
+                )
+        else:
+            self.data = {"settings": settings, "command": command, "rows": []}
+
+    def row(self, name):
+        for row in self.data["rows"]:
+            if row["name"] == name:
+                return row
+        return None
+
+    def add_row(self, row):
+        self.data["rows"].append(row)
+        self.save()
+        return row
+
+    def save(self):
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        temporary = self.path + ".tmp"
+        with open(temporary, "w") as f:
+            json.dump(self.data, f, indent=1)
+        os.replace(temporary, self.path)
+
+
+def commit():
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True,
+            text=True, check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "keras_mogrifier",
+             "benchmarks/paper_tables.py"],
+            cwd=REPOSITORY, capture_output=True, text=True, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("-dirty" if dirty else "")
+
+
+def log(*parts):
+    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+
+
+# === Tuning ===
+
+
+def run_trials(study, row, corpus, args):
+    """The row's KerasTuner search, one trial per call, each written at once."""
+    settings = study.data["settings"]
+    steps = steps_per_epoch(corpus, settings)
+    hypermodel = hypermodel_for(
+        row, settings, len(corpus.vocabulary), settings["trial_epochs"], steps
+    )
+    row["searched"] = sorted(hypermodel.search_space)
+    directory = os.path.join(args.work_dir, "tuner")
+    while len(row["trials"]) < settings["trials"]:
+        number = len(row["trials"]) + 1
+        tuner = build_tuner(
+            hypermodel, "random", max_trials=number, directory=directory,
+            project_name=row["name"], seed=settings["tuner_seed"],
+        )
+        # Each trial's initial weights and dropout masks from its own seed.
+        keras.utils.set_random_seed(1000 + number)
+        start = time.time()
+        tuner.search(
+            corpus.train, validation_data=corpus.valid,
+            epochs=settings["trial_epochs"], verbose=0,
+            callbacks=[_EpochLine(f"{row['name']} trial {number}")],
+        )
+        seconds = time.time() - start
+        done = {t["trial_id"] for t in row["trials"]}
+        for trial in trial_rows(tuner):
+            if trial["trial_id"] in done or trial["status"] == "RUNNING":
+                continue
+            curve = _objective_curve(tuner, trial["trial_id"])
+            row["trials"].append(
+                {
+                    "trial_id": trial["trial_id"],
+                    "status": trial["status"],
+                    "hyperparameters": trial["values"],
+                    "valid_perplexity": trial["score"],
+                    "valid_perplexity_by_epoch": curve,
+                    "message": trial["message"],
+                    "seconds": seconds,
+                    "load_average": os.getloadavg()[0],
+                }
+            )
+            row["seconds"]["trials"] += seconds
+            log(f"{row['name']} trial {number}: {trial['status']}, valid "
+                f"perplexity {trial['score']}, {seconds / 60:.1f} min")
+        study.save()
+    completed = [t for t in row["trials"] if t["status"] == "COMPLETED"]
+    if not completed:
+        raise RuntimeError(f"Every trial of row {row['name']!r} failed: {row['trials']}")
+    best = min(completed, key=lambda t: t["valid_perplexity"])
+    config = hypermodel.configuration(best["hyperparameters"])
+    row["best_trial"] = best["trial_id"]
+    row["hyperparameters"] = {
+        "model": config["model"],
+        "training": {k: v for k, v in config["training"].items()
+                     if k != "cosine_decay_steps"},
+    }
+    study.save()
+
+
+def _objective_curve(tuner, trial_id):
+    trial = tuner.oracle.trials[trial_id]
+    metrics = trial.metrics
+    if not metrics.exists("val_perplexity"):
+        return []
+    history = metrics.get_history("val_perplexity")
+    return [float(o.value[0]) for o in sorted(history, key=lambda o: o.step)]
+
+
+class _EpochLine(keras.callbacks.Callback):
+    def __init__(self, what):
+        super().__init__()
+        self.what = what
+        self.start = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        log(f"{self.what} epoch {epoch + 1}: train perplexity "
+            f"{float(logs.get('perplexity', math.nan)):.2f}, valid perplexity "
+            f"{float(logs.get('val_perplexity', math.nan)):.2f} "
+            f"({time.time() - self.start:.0f} s)")
+
+
+# === Final training ===
+
+
+class _EpochRecord(keras.callbacks.Callback):
+    """Writes each epoch's validation perplexity and time to a JSON file."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+        self.start = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        records = read_epoch_records(self.path)
+        records[str(epoch)] = {
+            "valid_perplexity": float(logs.get("val_perplexity", math.nan)),
+            "train_perplexity": float(logs.get("perplexity", math.nan)),
+            "seconds": time.time() - self.start,
+        }
+        with open(self.path + ".tmp", "w") as f:
+            json.dump(records, f)
+        os.replace(self.path + ".tmp", self.path)
+
+
+def read_epoch_records(path):
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def train_final(row, corpus, settings, seed, epochs, checkpoint_dir, dynamic):
+    """Trains the row's chosen setting with `seed` for `epochs` of its schedule.
+
+    The learning-rate schedule is the row's own (cosine over the full
+    budget), so `epochs` below the budget trains its first epochs.
+    """
+    steps = steps_per_epoch(corpus, settings)
+    training = dict(row["hyperparameters"]["training"])
+    training.update(
+        epochs=epochs,
+        cosine_decay_steps=settings["epochs"] * steps,
+        eval_batch_size=settings["batch_size"],
+    )
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    record = os.path.join(checkpoint_dir, "epochs.json")
+    resume = os.path.exists(os.path.join(checkpoint_dir, "progress.json"))
+    if not resume:
+        for stale in ("epochs.json", "last.keras"):
+            if os.path.exists(os.path.join(checkpoint_dir, stale)):
+                os.remove(os.path.join(checkpoint_dir, stale))
+    # The plain cells have no mogrifier (the preset's values do not apply).
+    model = {"mogrifier_rounds": 0, "mogrifier_rank": None}
+    model.update(row["hyperparameters"]["model"])
+    keras.utils.set_random_seed(seed)
+    start = time.time()
+    results = run_experiment(
+        corpus,
+        "tiny",
+        model_overrides=model,
+        training_overrides=training,
+        checkpoint_dir=checkpoint_dir,
+        resume=resume,
+        dynamic=dynamic,
+        dynamic_options=dict(settings["dynamic_evaluation"]),
+        verbose=2,
+        log=lambda line: log(f"{row['name']} seed {seed}: {line}") if line else None,
+        callbacks=[_EpochRecord(record)],
+    )
+    records = read_epoch_records(record)
+    curve = [records.get(str(e), {}).get("valid_perplexity") for e in range(epochs)]
+    train_seconds = sum(r["seconds"] for r in records.values())
+    tokens = results["train_tokens_per_epoch"] * len(records)
+    figures = {
+        "seed": seed,
+        "epochs_trained": epochs,
+        "valid_perplexity_by_epoch": curve,
+        "static": {
+            "valid": results["valid_perplexity"],
+            "test": results["test_perplexity"],
+            "temperature": results["temperature"],
+            "valid_tau1": results["valid_perplexity_tau1"],
+            "test_tau1_one_stream": results["test_perplexity_tau1_one_stream"],
+        },
+        "dynamic": None,
+        "tokens_per_second": tokens / train_seconds if train_seconds else None,
+        "train_seconds": train_seconds,
+        "seconds": time.time() - start,
+        "evaluation_seconds": results["seconds"],
+        "load_average": os.getloadavg()[0],
+    }
+    if "test_dynamic_perplexity" in results:
+        figures["dynamic"] = {
+            "valid": results["valid_dynamic_perplexity"],
+            "test": results["test_dynamic_perplexity"],
+            "learning_rate": results["dynamic_learning_rate"],
+            "decay_rate": results["dynamic_decay_rate"],
+        }
+    return figures
+
+
+def summarise(row):
+    """The row's figures: means over its seeds, and their spread (max − min)."""
+    seeds = row["seeds"]
+
+    def mean_spread(get):
+        values = [get(s) for s in seeds]
+        values = [v for v in values if v is not None]
+        if not values:
+            return None, None
+        return float(np.mean(values)), float(max(values) - min(values))
+
+    static, dynamic, spread = {}, {}, {}
+    for key in ("valid", "test", "valid_tau1", "test_tau1_one_stream"):
+        static[key], spread[f"static_{key}"] = mean_spread(lambda s: s["static"][key])
+    for key in ("valid", "test"):
+        dynamic[key], spread[f"dynamic_{key}"] = mean_spread(
+            lambda s: (s["dynamic"] or {}).get(key)
+        )
+    row["static"] = static
+    row["dynamic"] = dynamic if dynamic["test"] is not None else None
+    row["spread"] = spread
+    row["valid_perplexity_by_epoch"] = seeds[0]["valid_perplexity_by_epoch"]
+    row["epochs_trained"] = seeds[0]["epochs_trained"]
+    row["tokens_per_second"] = mean_spread(lambda s: s["tokens_per_second"])[0]
+    total = row["seconds"]["trials"] + sum(s["seconds"] for s in seeds)
+    row["hours"] = total / 3600
+
+
+# === Rows ===
+
+
+def new_row(name, base, extra, corpus, settings):
+    row = {"name": name, "cell": base, **extra}
+    units, params = units_for_budget(len(corpus.vocabulary), row, settings)
+    row.update(
+        params=params,
+        units=units,
+        hyperparameters=None,
+        trials=[],
+        seeds=[],
+        seed=settings["seeds"][0],
+        seconds={"trials": 0.0},
+        complete=False,
+        commit=commit(),
+    )
+    return row
+
+
+def planned_rows(study):
+    """(name, base cell, extra settings) of every row, as far as known."""
+    plan = [(name, name, {}) for name in BASE_ROWS]
+    base = [study.row(name) for name in BASE_ROWS]
+    if all(row is not None and row["complete"] for row in base):
+        best = min(base, key=lambda row: row["static"]["valid"])
+        for suffix, extra in ABLATIONS.items():
+            plan.append((f"{best['name']}+{suffix}", best["cell"], dict(extra)))
+    return plan
+
+
+def run_study(args, corpus):
+    settings = study_settings(args)
+    study = Study(args.json, settings, args.command, args.resume)
+    while True:
+        pending = [p for p in planned_rows(study)
+                   if study.row(p[0]) is None or not study.row(p[0])["complete"]]
+        if args.rows:
+            pending = [p for p in pending if p[0] in args.rows]
+        if not pending:
+            break
+        name, base, extra = pending[0]
+        row = study.row(name) or study.add_row(
+            new_row(name, base, extra, corpus, settings)
+        )
+        row["command"] = args.command
+        log(f"row {name}: {row['params']:,} parameters, units {row['units']}")
+        run_trials(study, row, corpus, args)
+        for seed in settings["seeds"]:
+            if any(s["seed"] == seed for s in row["seeds"]):
+                continue
+            figures = train_final(
+                row, corpus, settings, seed, settings["epochs"],
+                os.path.join(args.work_dir, "checkpoints", name, f"seed{seed}"),
+                dynamic=True,
+            )
+            row["seeds"].append(figures)
+            row["commit"] = commit()
+            summarise(row)
+            study.save()
+            log(f"row {name} seed {seed}: {json.dumps(figures['static'])} "
+                f"dynamic {json.dumps(figures['dynamic'])}")
+        row["complete"] = True
+        study.save()
+        log(f"row {name} complete")
+    print_table(study.data["rows"])
+
+
+def check_row(args, corpus):
+    """Re-trains one row's first seed for `--epochs` of its own schedule."""
+    with open(args.json) as f:
+        data = json.load(f)
+    settings = data["settings"]
+    rows = {row["name"]: row for row in data["rows"]}
+    if args.row not in rows or rows[args.row].get("hyperparameters") is None:
+        raise ValueError(
+            f"Expected a row of {args.json} whose tuning is done. Received: "
+            f"--row {args.row!r} (rows: {sorted(rows)})"
+        )
+    recorded = rows[args.row]
+    epochs = args.epochs or settings["epochs"]
+    if not 1 <= epochs <= settings["epochs"]:
+        raise ValueError(
+            f"Expected --epochs between 1 and the row's budget "
+            f"{settings['epochs']}. Received: --epochs {args.epochs}"
+        )
+    row = {k: recorded[k] for k in
+           ("name", "cell", "params", "units", "hyperparameters", "trials",
+            "seed", "commit")}
+    row.update(seconds={"trials": 0.0}, command=args.command)
+    figures = train_final(
+        row, corpus, settings, recorded["seed"], epochs,
+        os.path.join(args.work_dir, "checks", args.row),
+        dynamic=not args.no_dynamic,
+    )
+    row["seeds"] = [figures]
+    summarise(row)
+    row["commit"] = commit()
+    row["complete"] = epochs == settings["epochs"]
+    first = (recorded.get("valid_perplexity_by_epoch") or [None])[0]
+    row["recorded_first_epoch_valid_perplexity"] = first
+    os.makedirs(args.output, exist_ok=True)
+    path = os.path.join(args.output, f"{args.row}.json")
+    with open(path, "w") as f:
+        json.dump(row, f, indent=1)
+    again = row["valid_perplexity_by_epoch"][0]
+    if first:
+        log(f"first-epoch validation perplexity: recorded {first:.2f}, "
+            f"re-run {again:.2f} ({100 * (again / first - 1):+.2f} %)")
+    log(f"wrote {path}")
+
+
+# === Table and figure ===
+
+
+def _f(value, digits=1):
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def print_table(rows):
+    print("| row | params | units | trials | static valid | static test | "
+          "test τ=1, 1 stream | dynamic valid | dynamic test | spread (static test) | "
+          "tokens/s | hours | complete |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+          "---: | ---: | --- |")
+    for row in rows:
+        static = row.get("static") or {}
+        dynamic = row.get("dynamic") or {}
+        spread = (row.get("spread") or {}).get("static_test")
+        print(
+            f"| {row['name']} | {row['params']:,} | {row['units']} | "
+            f"{len(row['trials'])} | {_f(static.get('valid'))} | "
+            f"{_f(static.get('test'))} | {_f(static.get('test_tau1_one_stream'))} | "
+            f"{_f(dynamic.get('valid'))} | {_f(dynamic.get('test'))} | "
+            f"{_f(spread, 2)} | {_f(row.get('tokens_per_second'), 0)} | "
+            f"{_f(row.get('hours'), 2)} | {'yes' if row['complete'] else 'no'} |"
+        )
+
+
+def draw_figure(rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("static")]
+    names = [r["name"] for r in rows]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4))
+    width = 0.38
+    for offset, kind, colour in ((-width / 2, "static", "#4c72b0"),
+                                 (width / 2, "dynamic", "#dd8452")):
+        means = [((r.get(kind) or {}).get("test") or np.nan) for r in rows]
+        lows, highs = [], []
+        for r, m in zip(rows, means):
+            values = [(s.get(kind) or {}).get("test") for s in r["seeds"]]
+            values = [v for v in values if v is not None] or [m]
+            lows.append(m - min(values))
+            highs.append(max(values) - m)
+        bars = ax.bar(x + offset, means, width, yerr=[lows, highs], capsize=3,
+                      color=colour, label=f"{kind} test")
+        for bar, m in zip(bars, means):
+            if np.isfinite(m):
+                ax.annotate(f"{m:.1f}", (bar.get_x() + bar.get_width() / 2, m),
+                            xytext=(0, 3), textcoords="offset points",
+                            ha="center", fontsize=8)
+    finite = [v for r in rows for k in ("static", "dynamic")
+              for v in [((r.get(k) or {}).get("test"))] if v]
+    if finite:
+        ax.set_ylim(min(finite) * 0.9, max(finite) * 1.05)
+    ax.set_xticks(x, names, rotation=20, ha="right")
+    ax.set_ylabel("test perplexity (mean over seeds; bars: min–max)")
+    ax.set_title("Penn Treebank, equal parameters and equal tuning")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log(f"figure drawn to {path}")
+
+
+# === Command line ===
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--data-dir", help="directory of ptb.{train,valid,test}.txt[.gz]; "
+                        "without it, the embedded synthetic corpus (smoke runs)")
+    parser.add_argument("--json", default=DEFAULT_JSON, help="the study's results")
+    parser.add_argument("--work-dir", default=DEFAULT_WORK_DIR,
+                        help="KerasTuner trials and checkpoints (git-ignored)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the study recorded in --json")
+    parser.add_argument("--rows", nargs="+", help="run only these rows")
+    parser.add_argument("--row", help="re-train this recorded row (first seed) into --output")
+    parser.add_argument("--epochs", type=int,
+                        help="with --row: epochs of the row's own schedule to train")
+    parser.add_argument("--output", help="with --row: directory for ROW.json")
+    parser.add_argument("--no-dynamic", action="store_true",
+                        help="with --row: skip dynamic evaluation")
+    parser.add_argument("--table", action="store_true", help="print the table of --json")
+    parser.add_argument("--figure", help="draw the test-perplexity chart of --json here")
+    study = parser.add_argument_group("study settings (recorded; --resume checks them)")
+    study.add_argument("--parameters", type=int, default=PARAMETERS)
+    study.add_argument("--batch-size", type=int, default=32)
+    study.add_argument("--bptt", type=int, default=35)
+    study.add_argument("--final-epochs", type=int, default=5)
+    study.add_argument("--trial-epochs", type=int, default=2)
+    study.add_argument("--trials", type=int, default=4)
+    study.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    study.add_argument("--tuner-seed", type=int, default=1)
+    study.add_argument("--max-tokens", type=int,
+                       help="training tokens per epoch (smoke runs)")
+    study.add_argument("--dynamic-tuning-tokens", type=int,
+                       default=DYNAMIC["tuning_tokens"],
+                       help="validation tokens that tune dynamic evaluation")
+    study.add_argument("--statistics-batches", type=int,
+                       default=DYNAMIC["statistics_batches"],
+                       help="training batches (100 streams x 5 tokens) of the "
+                       "gradient statistics")
+    args = parser.parse_args(argv)
+    for name in ("parameters", "batch_size", "bptt", "final_epochs", "trial_epochs",
+                 "trials", "dynamic_tuning_tokens", "statistics_batches"):
+        value = getattr(args, name)
+        if value < 1:
+            parser.error(f"Expected --{name.replace('_', '-')} to be a positive "
+                         f"integer. Received: {value}")
+    if args.row and not args.output:
+        parser.error("Expected --output with --row. Received: no --output")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"Expected distinct --seeds. Received: {args.seeds}")
+    args.command = "KERAS_BACKEND={} python benchmarks/paper_tables.py {}".format(
+        keras.backend.backend(), " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    )
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.table or args.figure:
+        with open(args.json) as f:
+            rows = json.load(f)["rows"]
+        if args.table:
+            print_table(rows)
+        if args.figure:
+            draw_figure(rows, args.figure)
+        return
+    if args.data_dir:
+        corpus = load_corpus(args.data_dir)
+    else:
+        corpus = synthetic_corpus(train_tokens=20_000, valid_tokens=1_500,
+                                  test_tokens=1_500)
+    if args.row:
+        check_row(args, corpus)
+    else:
+        run_study(args, corpus)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""benchmarks/paper_tables.py: equal budgets and tuning per row, one JSON
+written as it grows, resuming, and re-training a recorded row."""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A tiny study on the embedded corpus: 2 trials of 1 epoch, 2 epochs, 2 seeds.
+SETTINGS = [
+    "--parameters", "20000", "--trials", "2", "--trial-epochs", "1",
+    "--final-epochs", "2", "--seeds", "3", "4", "--max-tokens", "1200",
+    "--batch-size", "4", "--bptt", "10", "--dynamic-tuning-tokens", "200",
+    "--statistics-batches", "2",
+]
+
+
+def _load():
+    path = os.path.join(ROOT, "benchmarks", "paper_tables.py")
+    spec = importlib.util.spec_from_file_location("paper_tables", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["paper_tables"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def paper_tables():
+    return _load()
+
+
+@pytest.fixture(scope="module")
+def study(paper_tables, tmp_path_factory):
+    """Two base rows of a tiny study; the JSON and the work directory."""
+    tmp = tmp_path_factory.mktemp("study")
+    paths = ["--json", str(tmp / "study.json"), "--work-dir", str(tmp / "work")]
+    paper_tables.main(SETTINGS + paths + ["--rows", "lstm", "mogrifier_rlstm"])
+    return tmp, paths
+
+
+def test_rows_have_equal_budgets_equal_tuning_and_the_schema(study):
+    tmp, _ = study
+    data = json.loads((tmp / "study.json").read_text())
+    assert data["settings"]["seeds"] == [3, 4] and "command" in data
+    rows = {row["name"]: row for row in data["rows"]}
+    assert sorted(rows) == ["lstm", "mogrifier_rlstm"]
+    for row in rows.values():
+        for key in ("name", "cell", "params", "units", "hyperparameters", "trials",
+                    "valid_perplexity_by_epoch", "epochs_trained", "static", "dynamic",
+                    "seeds", "tokens_per_second", "hours", "seed", "commit",
+                    "complete", "command"):
+            assert key in row, key
+        assert row["complete"] and row["epochs_trained"] == 2 and row["seed"] == 3
+        assert abs(row["params"] - 20000) <= 0.03 * 20000
+        assert [s["seed"] for s in row["seeds"]] == [3, 4]
+        assert len(row["trials"]) == 2
+        assert all(math.isfinite(t["valid_perplexity"]) for t in row["trials"])
+        # The chosen setting is the trial with the best validation perplexity.
+        best = min(row["trials"], key=lambda t: t["valid_perplexity"])
+        chosen = row["hyperparameters"]
+        assert chosen["training"]["learning_rate"] == best["hyperparameters"]["learning_rate"]
+        assert chosen["model"]["input_dropout"] == best["hyperparameters"]["input_dropout"]
+        assert chosen["model"]["units"] == row["units"]
+        # Means over the seeds, and the first seed's curve.
+        tests = [s["static"]["test"] for s in row["seeds"]]
+        assert row["static"]["test"] == pytest.approx(sum(tests) / 2)
+        assert row["spread"]["static_test"] == pytest.approx(max(tests) - min(tests))
+        assert row["valid_perplexity_by_epoch"] == row["seeds"][0]["valid_perplexity_by_epoch"]
+        assert len(row["valid_perplexity_by_epoch"]) == 2
+        dynamic = [s["dynamic"]["test"] for s in row["seeds"]]
+        assert row["dynamic"]["test"] == pytest.approx(sum(dynamic) / 2)
+    # Equal tuning: the same candidate settings for every row (same seed,
+    # same space), and the same searched names.
+    lstm, mog = rows["lstm"], rows["mogrifier_rlstm"]
+    assert [t["hyperparameters"] for t in lstm["trials"]] == [
+        t["hyperparameters"] for t in mog["trials"]
+    ]
+    assert lstm["searched"] == mog["searched"] == sorted(
+        ["learning_rate", "input_dropout", "cell_output_dropout", "state_dropout",
+         "output_dropout"]
+    )
+    assert "mogrifier_rounds" not in lstm["hyperparameters"]["model"]
+    assert mog["hyperparameters"]["model"]["mogrifier_rounds"] == 5
+
+
+def test_resume_skips_finished_work_and_refuses_other_settings(paper_tables, study):
+    tmp, paths = study
+    before = (tmp / "study.json").read_text()
+    paper_tables.main(SETTINGS + paths + ["--rows", "lstm", "--resume"])
+    assert (tmp / "study.json").read_text() == before
+    changed = [a if a != "20000" else "30000" for a in SETTINGS]
+    with pytest.raises(ValueError, match="parameters"):
+        paper_tables.main(changed + paths + ["--resume"])
+
+
+def test_an_interrupted_row_continues_from_its_last_trial(paper_tables, study, tmp_path):
+    tmp, paths = study
+    data = json.loads((tmp / "study.json").read_text())
+    row = next(r for r in data["rows"] if r["name"] == "lstm")
+    # Cut the row back to after its first trial, as a stop would leave it.
+    row.update(trials=row["trials"][:1], seeds=[], complete=False,
+               hyperparameters=None)
+    json_path = tmp_path / "cut.json"
+    json_path.write_text(json.dumps({**data, "rows": [row]}))
+    work = tmp_path / "work"
+    paper_tables.main(SETTINGS + ["--json", str(json_path), "--work-dir", str(work),
+                                  "--rows", "lstm", "--resume"])
+    resumed = json.loads(json_path.read_text())["rows"][0]
+    assert resumed["complete"] and len(resumed["trials"]) == 2
+    # The first trial was kept as it was, not run again.
+    assert resumed["trials"][0] == row["trials"][0]
+
+
+def test_a_recorded_row_retrains_its_first_epoch(paper_tables, study, tmp_path):
+    tmp, paths = study
+    out = tmp_path / "check"
+    paper_tables.main(["--json", str(tmp / "study.json"), "--work-dir",
+                       str(tmp_path / "work"), "--row", "mogrifier_rlstm",
+                       "--epochs", "1", "--output", str(out), "--no-dynamic"])
+    again = json.loads((out / "mogrifier_rlstm.json").read_text())
+    recorded = next(r for r in json.loads((tmp / "study.json").read_text())["rows"]
+                    if r["name"] == "mogrifier_rlstm")
+    assert again["epochs_trained"] == 1 and not again["complete"]
+    assert again["hyperparameters"] == recorded["hyperparameters"]
+    # Same seed, the first epoch of the row's own (2-epoch) schedule.
+    assert again["valid_perplexity_by_epoch"][0] == pytest.approx(
+        recorded["valid_perplexity_by_epoch"][0], rel=0.03
+    )
+    assert again["recorded_first_epoch_valid_perplexity"] == (
+        recorded["valid_perplexity_by_epoch"][0]
+    )
+
+
+def test_ablations_are_planned_on_the_best_base_row(paper_tables, tmp_path):
+    study = paper_tables.Study(str(tmp_path / "s.json"), {"x": 1}, "cmd", resume=False)
+    assert [p[0] for p in paper_tables.planned_rows(study)] == list(paper_tables.BASE_ROWS)
+    for name, valid in zip(paper_tables.BASE_ROWS, (90.0, 85.0, 88.0, 86.0)):
+        study.data["rows"].append(
+            {"name": name, "cell": name, "complete": True, "static": {"valid": valid}}
+        )
+    plan = paper_tables.planned_rows(study)
+    assert plan[4:] == [
+        ("mogrifier_lstm+dual", "mogrifier_lstm", {"dual": True}),
+        ("mogrifier_lstm+samples2", "mogrifier_lstm", {"samples": 2}),
+    ]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--trials", "0"], "--trials"),
+    (["--seeds", "1", "1"], "distinct"),
+    (["--row", "lstm"], "--output"),
+])
+def test_nonsense_settings_are_refused(paper_tables, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        paper_tables.parse_args(argv)
+    assert message in capsys.readouterr().err
