@@ -43,3 +43,23 @@ def test_new_files_keep_the_recurrent_layers_where_old_ones_have_them(tmp_path):
         names = []
         store.visit(names.append)
     assert "layers/rnn/cell/vars" in names and "layers/rnn_1/cell/vars" in names
+
+
+RELEASE2 = ["plain", "dual", "mos", "samples2", "vocabulary"]
+
+
+@pytest.mark.parametrize("name", RELEASE2)
+def test_a_model_saved_by_release_2_loads_and_computes_the_same(name):
+    """Saved by tests/fixtures/save_release2.py (plain, Dual, MoS, D = 2, vocabulary)."""
+    model = keras.saving.load_model(os.path.join(FIXTURES, f"release2_{name}.keras"))
+    model.reset_states()
+    expected = np.load(os.path.join(FIXTURES, f"release2_{name}_logits.npy"))
+    np.testing.assert_allclose(to_numpy(model(X)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_release_2_model_with_its_vocabulary_still_writes_the_same_text():
+    model = keras.saving.load_model(os.path.join(FIXTURES, "release2_vocabulary.keras"))
+    with open(os.path.join(FIXTURES, "release2_vocabulary_greedy.txt")) as f:
+        expected = f.read()
+    model.reset_states()
+    assert model.generate("w3 w5 w7", max_length=8, sampler="greedy") == expected
