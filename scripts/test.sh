@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up and runs the test suite on every Keras backend (TensorFlow, JAX,
-# PyTorch), one after the other; KERAS_BACKEND=jax (say) runs one only.
+# PyTorch), two at a time on a machine with 2 cores or more (TEST_JOBS=1:
+# one after the other); KERAS_BACKEND=jax (say) runs one only.
 # Extra arguments go to pytest. Fails if the suite fails on any backend.
 #
 # Without test paths among the arguments, each folder of tests/ (and the
@@ -29,10 +30,11 @@ else
   groups+=("$(ls tests/*_test.py | tr '\n' ' ')")
 fi
 
-failed=()
-for backend in $backends; do
+# One backend's suite, group after group; exit status 1 if any group failed.
+run_backend() {
+  local backend=$1 ok=1 group rc
+  shift
   echo "=== KERAS_BACKEND=$backend ==="
-  ok=1
   for group in "${groups[@]}"; do
     [ -n "$group" ] && echo "--- $group"
     # shellcheck disable=SC2086  # the group is a list of paths
@@ -41,8 +43,53 @@ for backend in $backends; do
     # 5: no tests collected in this group (e.g. all deselected by -k).
     if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then ok=0; fi
   done
-  [ $ok = 1 ] || failed+=("$backend")
-done
+  [ $ok = 1 ]
+}
+
+# TEST_JOBS backends at once (default: 2 with several backends and at least
+# 2 cores, else 1). Most of a test's time is tracing and compiling, one
+# thread each, so two backends side by side on 2 cores take about 60 % of
+# the time of one after the other. Each backend's output is kept apart and
+# printed whole when it ends.
+read -r -a backend_list <<< "$backends"
+jobs_default=1
+if [ ${#backend_list[@]} -gt 1 ] && [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; then
+  jobs_default=2
+fi
+jobs=${TEST_JOBS:-$jobs_default}
+
+failed=()
+if [ "$jobs" -le 1 ]; then
+  for backend in "${backend_list[@]}"; do
+    run_backend "$backend" "$@" || failed+=("$backend")
+  done
+else
+  logs=$(mktemp -d)
+  trap 'rm -rf "$logs"' EXIT
+  declare -A pid_of=()
+  print_finished() {
+    local backend
+    for backend in "${!pid_of[@]}"; do
+      if ! kill -0 "${pid_of[$backend]}" 2>/dev/null; then
+        wait "${pid_of[$backend]}" || failed+=("$backend")
+        cat "$logs/$backend.log"
+        unset "pid_of[$backend]"
+      fi
+    done
+  }
+  for backend in "${backend_list[@]}"; do
+    while [ ${#pid_of[@]} -ge "$jobs" ]; do
+      sleep 2
+      print_finished
+    done
+    run_backend "$backend" "$@" > "$logs/$backend.log" 2>&1 &
+    pid_of[$backend]=$!
+  done
+  while [ ${#pid_of[@]} -gt 0 ]; do
+    sleep 2
+    print_finished
+  done
+fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test.sh: the suite failed on: ${failed[*]}"
   exit 1
