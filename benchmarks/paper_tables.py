@@ -330,17 +330,19 @@ def run_trials(study, row, corpus, args):
         # Each trial's initial weights and dropout masks from its own seed.
         keras.utils.set_random_seed(1000 + number)
         start = time.time()
+        epochs = _EpochLine(f"{row['name']} trial {number}")
         tuner.search(
             corpus.train, validation_data=corpus.valid,
-            epochs=settings["trial_epochs"], verbose=0,
-            callbacks=[_EpochLine(f"{row['name']} trial {number}")],
+            epochs=settings["trial_epochs"], verbose=0, callbacks=[epochs],
         )
         seconds = time.time() - start
         done = {t["trial_id"] for t in row["trials"]}
         for trial in trial_rows(tuner):
             if trial["trial_id"] in done or trial["status"] == "RUNNING":
                 continue
-            curve = _objective_curve(tuner, trial["trial_id"])
+            # KerasTuner keeps only the best epoch's objective; the
+            # callback saw every epoch (one trial runs per search call).
+            curve = epochs.curve or _objective_curve(tuner, trial["trial_id"])
             row["trials"].append(
                 {
                     "trial_id": trial["trial_id"],
@@ -385,12 +387,15 @@ class _EpochLine(keras.callbacks.Callback):
         super().__init__()
         self.what = what
         self.start = None
+        self.curve = []
 
     def on_epoch_begin(self, epoch, logs=None):
         self.start = time.time()
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
+        if "val_perplexity" in logs:
+            self.curve.append(float(logs["val_perplexity"]))
         log(f"{self.what} epoch {epoch + 1}: train perplexity "
             f"{float(logs.get('perplexity', math.nan)):.2f}, valid perplexity "
             f"{float(logs.get('val_perplexity', math.nan)):.2f} "

@@ -10,9 +10,10 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# A tiny study on the embedded corpus: 2 trials of 1 epoch, 2 epochs, 2 seeds.
+# A tiny study on the embedded corpus: 2 trials of 2 epochs, 2 epochs, 2 seeds.
+TRIAL_EPOCHS = 2
 SETTINGS = [
-    "--parameters", "20000", "--trials", "2", "--trial-epochs", "1",
+    "--parameters", "20000", "--trials", "2", "--trial-epochs", str(TRIAL_EPOCHS),
     "--final-epochs", "2", "--seeds", "3", "4", "--max-tokens", "1200",
     "--batch-size", "4", "--bptt", "10", "--dynamic-tuning-tokens", "200",
     "--statistics-batches", "2",
@@ -59,6 +60,12 @@ def test_rows_have_equal_budgets_equal_tuning_and_the_schema(study):
         assert [s["seed"] for s in row["seeds"]] == [3, 4]
         assert len(row["trials"]) == 2
         assert all(math.isfinite(t["valid_perplexity"]) for t in row["trials"])
+        # Every trial epoch's validation perplexity, the last one the score
+        # (KerasTuner itself keeps only the best epoch's).
+        for trial in row["trials"]:
+            curve = trial["valid_perplexity_by_epoch"]
+            assert len(curve) == TRIAL_EPOCHS
+            assert trial["valid_perplexity"] == pytest.approx(min(curve))
         # The chosen setting is the trial with the best validation perplexity.
         best = min(row["trials"], key=lambda t: t["valid_perplexity"])
         chosen = row["hyperparameters"]
