@@ -34,6 +34,7 @@ from keras_mogrifier.pipeline import format_sample  # noqa: E402
 from keras_mogrifier.pipeline import run_experiment  # noqa: E402
 from keras_mogrifier.pipeline.language_modeling import DYNAMIC_LEARNING_RATES  # noqa: E402
 from keras_mogrifier.pipeline.language_modeling import DYNAMIC_DECAY_RATES  # noqa: E402
+from keras_mogrifier.pipeline.language_modeling import DYNAMIC_EPSILON  # noqa: E402
 from keras_mogrifier.pipeline import save_language_model  # noqa: E402
 from keras_mogrifier.pipeline import write_results  # noqa: E402
 
@@ -83,7 +84,7 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
     parser.add_argument("--no-dynamic", action="store_true",
                         help="skip dynamic evaluation")
     parser.add_argument("--segment-length", type=int,
-                        help="dynamic evaluation segment length (default: 5 "
+                        help="dynamic evaluation segment length (default: 10 "
                              "words, 20 characters or bytes)")
     parser.add_argument("--dynamic-tuning-tokens", type=int, default=2_000,
                         help="validation tokens used to tune dynamic evaluation")
@@ -96,8 +97,8 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
                         default=list(DYNAMIC_DECAY_RATES),
                         help="candidate dynamic-evaluation decay rates λ (the "
                              "first is used while η is tuned)")
-    parser.add_argument("--dynamic-epsilon", default="auto",
-                        help="ε of dynamic evaluation: a number, or 'auto' (ε = η)")
+    parser.add_argument("--dynamic-epsilon", type=float, default=DYNAMIC_EPSILON,
+                        help="ε of dynamic evaluation")
     parser.add_argument("--checkpoint-dir", help="save the model after every epoch here")
     parser.add_argument("--resume", action="store_true",
                         help="continue training from --checkpoint-dir")
@@ -157,10 +158,7 @@ def main(argv=None, level="word", default_preset="tiny"):
     args = parse_args(argv, level, default_preset)
     corpus = load(args)
     model_overrides, training_overrides = overrides(args)
-    epsilon = args.dynamic_epsilon
-    if epsilon != "auto":
-        epsilon = float(epsilon)
-    segment_length = args.segment_length or (5 if corpus.level == "word" else 20)
+    segment_length = args.segment_length or (10 if corpus.level == "word" else 20)
     results = run_experiment(
         corpus,
         preset=args.preset,
@@ -175,7 +173,7 @@ def main(argv=None, level="word", default_preset="tiny"):
             "statistics_batches": args.dynamic_statistics_batches,
             "learning_rates": args.dynamic_learning_rates,
             "decay_rates": args.dynamic_decay_rates,
-            "epsilon": epsilon,
+            "epsilon": args.dynamic_epsilon,
         },
         verbose=args.verbose if args.verbose == "auto" else int(args.verbose),
         plot_path=args.plot,

@@ -38,7 +38,7 @@ from keras_mogrifier.data.vocabulary import Vocabulary
 LEVELS = ("word", "char", "byte")
 SPACE_TOKEN = " "
 _NEWLINE = 10
-_WORD_CHUNK_LINES = 20_000
+_WORD_CHUNK_CHARACTERS = 4_000_000
 # Whitespace other than the newline, as `str.split` sees it (`\s` of a str
 # pattern is `str.isspace`).
 _SPACES = re.compile(r"[^\S\n]+")
@@ -173,26 +173,44 @@ class SymbolTable:
         return self._word_codes(source)
 
     def _word_codes(self, text):
-        lines = text.split("\n")
-        if lines[-1] == "":
-            lines.pop()
-        tokenize = self.tokenizer or str.split
-        words = self.words
+        # A chunk of whole lines at a time: the token list of one chunk is
+        # the only Python list, and everything per token runs in C (split,
+        # set difference, dict lookups through `map`).
         eos = self.eos_token
+        words = self.words
+        plain = self.tokenizer is None and len(eos.split()) == 1
         chunks = []
-        for start in range(0, len(lines), _WORD_CHUNK_LINES):
-            tokens = []
-            for line in lines[start : start + _WORD_CHUNK_LINES]:
-                tokens.extend(tokenize(line))
-                tokens.append(eos)
-            for token in tokens:
-                if token not in words:
-                    _check_word(token, self.tokenizer)
-                    words[token] = len(words)
+        for chunk in _line_chunks(text, _WORD_CHUNK_CHARACTERS):
+            if plain:
+                tokens = chunk.replace("\n", f" {eos} ").split()
+            else:
+                tokens = []
+                tokenize = self.tokenizer or str.split
+                for line in chunk.split("\n")[:-1]:
+                    tokens.extend(tokenize(line))
+                    tokens.append(eos)
+            try:
+                new = set(tokens).difference(words)
+            except TypeError:  # an unhashable token from a tokenizer
+                new = [t for t in tokens if not isinstance(t, str)][:1]
+            for token in sorted(new, key=str):
+                _check_word(token, self.tokenizer)
+                words[token] = len(words)
             chunks.append(
                 np.fromiter(map(words.__getitem__, tokens), np.int32, len(tokens))
             )
         return np.concatenate(chunks) if chunks else np.zeros(0, np.int32)
+
+
+def _line_chunks(text, size):
+    """Pieces of about `size` characters of `text`, each ending with a `"\n"`."""
+    if text and not text.endswith("\n"):
+        text += "\n"  # a last line without "\n" still ends with <eos>
+    start = 0
+    while start < len(text):
+        end = text.find("\n", min(start + size, len(text) - 1)) + 1
+        yield text[start:end]
+        start = end
 
 
 def _check_word(token, tokenizer):
@@ -256,11 +274,12 @@ def build_vocabulary(table, train_codes, min_count=1, max_size=None, unk_token=U
         return Vocabulary.bytes(), False
     counts = np.bincount(train_codes, minlength=table.size(train_codes))
     present = np.flatnonzero(counts)
-    tokens = [table.token(int(c)) for c in present]
-    order = sorted(range(len(present)), key=lambda i: (-counts[present[i]], tokens[i]))
+    tokens = [table.token(c) for c in present.tolist()]
+    present_counts = counts[present].tolist()
+    order = sorted(range(len(present)), key=lambda i: (-present_counts[i], tokens[i]))
     kept, regular, dropped_count, unk_count = [], 0, 0, 0
     for i in order:
-        token, count = tokens[i], int(counts[present[i]])
+        token, count = tokens[i], present_counts[i]
         if token == unk_token:
             unk_count += count
         elif token == table.eos_token:
