@@ -202,9 +202,11 @@ class StreamDataset(keras.utils.PyDataset):
         used = min(
             self.streams.shape[1], self._num_windows * self.sequence_length + 1
         )
-        bad = self.streams[:, :used] >= vocabulary_size
-        if not np.any(bad):
+        try:  # the one scan of `_validation`; then where the bad id is
+            _validation.scan_token_ids("ids", self.streams[:, :used], vocabulary_size)
             return
+        except ValueError:
+            bad = self.streams[:, :used] >= vocabulary_size
         token = int(np.flatnonzero(bad.any(axis=0))[0])
         stream = int(np.flatnonzero(bad[:, token])[0])
         # Token t is the input of batch t // T and the target of (t-1) // T.
