@@ -32,10 +32,10 @@ def plot_run(results, path):
 
     Left: training and validation perplexity per epoch. With dynamic
     evaluation, middle: the running perplexity of the test stream, static
-    and dynamic (the same τ, one stream), over the first k tokens; right:
-    the gain so far, `1 − dynamic / static` in percent — adaptation needs
-    some text before it pays off. Log axes carry ticks at round values
-    inside the range of the data.
+    and dynamic (the same τ, one stream), over its first k tokens (from
+    the 50th on); right: the gain so far, `1 − dynamic / static` in
+    percent — adaptation needs some text before it pays off. Log axes
+    carry ticks at round values inside the range of the data.
 
     Needs matplotlib (the `plot` extra: `pip install -e ".[plot]"`).
 
@@ -79,6 +79,12 @@ def plot_run(results, path):
         tokens, static, dynamic, gain = running_perplexities(
             curves["static"], curves["dynamic"]
         )
+        # The running figures of the first tokens swing widely: drawn from
+        # the 50th token (or a tenth of a short stream) on.
+        first = min(49, len(tokens) // 10)
+        tokens, static, dynamic, gain = (
+            a[first:] for a in (tokens, static, dynamic, gain)
+        )
         tau = results.get("temperature")
         label = f"τ {tau:.2f}, 1 stream" if tau is not None else "1 stream"
         ax = axes[0][1]
@@ -86,11 +92,7 @@ def plot_run(results, path):
         ax.plot(tokens, dynamic, label="dynamic")
         ax.set_xscale("log")
         _log_axis(ax.xaxis, tokens, FixedLocator, NullLocator)
-        skip = min(len(tokens) - 1, 20)  # the first tokens swing widely
-        _log_axis(
-            ax.yaxis, np.concatenate([static[skip:], dynamic[skip:]]),
-            FixedLocator, NullLocator,
-        )
+        _log_axis(ax.yaxis, np.concatenate([static, dynamic]), FixedLocator, NullLocator)
         ax.set_xlabel("tokens of the test text read")
         ax.set_ylabel("perplexity so far")
         ax.set_title(f"test perplexity as the text is read ({label})", fontsize=10)
@@ -101,7 +103,7 @@ def plot_run(results, path):
         ax.set_xscale("log")
         _log_axis(ax.xaxis, tokens, FixedLocator, NullLocator)
         ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
-        ax.set_ylim(min(-5.0, 100 * gain[skip:].min() - 2), max(5.0, 100 * gain[skip:].max() + 2))
+        ax.set_ylim(min(-5.0, 100 * gain.min() - 2), max(5.0, 100 * gain.max() + 2))
         ax.set_xlabel("tokens of the test text read")
         ax.set_ylabel("1 − dynamic / static perplexity")
         ax.set_title(
