@@ -25,6 +25,8 @@ import sys
 
 import _quiet  # noqa: F401  (first: a quiet TensorFlow start)
 
+import keras  # noqa: E402
+
 from keras_mogrifier.data import load_ptb  # noqa: E402
 from keras_mogrifier.data import load_text  # noqa: E402
 from keras_mogrifier.data import synthetic_corpus  # noqa: E402
@@ -99,6 +101,10 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
                              "first is used while η is tuned)")
     parser.add_argument("--dynamic-epsilon", type=float, default=DYNAMIC_EPSILON,
                         help="ε of dynamic evaluation")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the weights' initialisation, dropout and "
+                             "sampling (keras.utils.set_random_seed): the same run "
+                             "twice gives the same figures on one machine and backend")
     parser.add_argument("--checkpoint-dir", help="save the model after every epoch here")
     parser.add_argument("--resume", action="store_true",
                         help="continue training from --checkpoint-dir")
@@ -156,6 +162,7 @@ def load(args):
 
 def main(argv=None, level="word", default_preset="tiny"):
     args = parse_args(argv, level, default_preset)
+    keras.utils.set_random_seed(args.seed)
     corpus = load(args)
     model_overrides, training_overrides = overrides(args)
     segment_length = args.segment_length or (10 if corpus.level == "word" else 20)
