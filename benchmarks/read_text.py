@@ -90,7 +90,7 @@ def _child(kind, path):
     from keras_mogrifier import data
 
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     held_out = os.path.getsize(path) // 20  # 5M each of the standard 10⁸
     if kind == "enwik8":
         corpus = data.load_enwik8(path, valid_bytes=held_out, test_bytes=held_out)

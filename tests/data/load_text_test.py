@@ -231,7 +231,7 @@ def test_errors_name_the_file(tmp_path):
     assert "encoding=" in message and "level='byte'" in message
     assert load_text(latin, encoding="latin-1").vocabulary.to_tokens(
         load_text(latin, encoding="latin-1").train[:1]) == ["café"]
-    with pytest.raises(ValueError, match="level"):
+    with pytest.raises(ValueError, match=r"`level` to be one of \['byte', 'char', 'word'\]. Received: level='bytes'"):
         load_text(latin, level="bytes")
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         load_text(tmp_path / "missing.txt")
