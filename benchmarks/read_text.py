@@ -123,6 +123,8 @@ def _child(kind, path):
         corpus = data.load_text(path)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     peak = _memory_kb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux keeps ru_maxrss across execve: this is the larger of the child's
+    # peak and that of the parent that wrote the files (not the read's).
     process_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = {
         "file": kind,
@@ -211,7 +213,7 @@ def main(argv=None):
                 f"{sum(result['tokens'].values()):,} tokens ({result['dtype']}), "
                 f"vocabulary {result['vocabulary_size']:,}: read in "
                 f"{result['read_seconds']:.1f} s ({result['read_cpu_seconds']:.1f} s of CPU), peak memory +{result['added_peak_mb']:.0f} MB "
-                f"(process peak {result['process_peak_rss_mb_imports_included']:.0f} MB with the imports)",
+                f"(resident {result['peak_rss_mb_during_the_read']:.0f} MB at the peak, imports included)",
                 flush=True,
             )
             for label, timings in result.get("consumers", {}).items():
