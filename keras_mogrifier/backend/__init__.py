@@ -55,23 +55,33 @@ import importlib
 import keras
 
 BACKENDS = ("tensorflow", "jax", "torch")
+_MODULES = {}
 
 
 def get_backend_module():
     """Returns the seam's implementation for the active Keras backend.
+
+    The module is imported on the first call and kept: later calls, which
+    may come from inside a function being traced (a model's `__call__` in a
+    compiled generation step), make no import, which AutoGraph would try to
+    convert (and warn that it cannot).
 
     Raises:
         ValueError: if the active Keras backend is not one of TensorFlow, JAX
             or PyTorch (e.g. `"numpy"`, which cannot take gradients).
     """
     name = keras.backend.backend()
+    module = _MODULES.get(name)
+    if module is not None:
+        return module
     if name not in BACKENDS:
         raise ValueError(
             "Expected the Keras backend to be one of "
             f"{list(BACKENDS)} (set KERAS_BACKEND before importing keras). "
             f"Received: {name!r}"
         )
-    return importlib.import_module(f"keras_mogrifier.backend.{name}")
+    module = _MODULES[name] = importlib.import_module(f"keras_mogrifier.backend.{name}")
+    return module
 
 
 def rnn(step_function, inputs, initial_states, **kwargs):

@@ -9,6 +9,7 @@ function.
 """
 
 import math
+import sys
 
 import keras
 import numpy as np
@@ -145,6 +146,14 @@ def score_stream(
         {k: results[k] for k in ("loss", "perplexity", "bits_per_token")}
     )
     return results, token_losses
+
+
+def progress_verbosity(verbose):
+    """`"auto"`: a progress bar (1) on a terminal, none (0) in a log or a pipe."""
+    if verbose == "auto":
+        isatty = getattr(sys.stdout, "isatty", None)
+        return 1 if isatty is not None and isatty() else 0
+    return verbose
 
 
 def safe_exp(value):

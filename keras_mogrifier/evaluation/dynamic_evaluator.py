@@ -11,6 +11,7 @@ from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation import update_rules
+from keras_mogrifier.evaluation._stream_scoring import progress_verbosity
 from keras_mogrifier.evaluation._stream_scoring import score_stream
 from keras_mogrifier.generation import text as text_lib
 
@@ -405,6 +406,8 @@ class DynamicEvaluator(keras.callbacks.Callback):
         limit = self._vocabulary_limit(model)
         stream = _as_training_stream(data)
         if stream is not None:
+            # Checked here, once (a corpus's ids are known and not scanned);
+            # its batches, cut below, are not checked again.
             stream = _check_ids(stream[None], "data", limit)[0]
             length = stream.shape[0] // batch_size
             windows = (length - 1) // n
@@ -438,7 +441,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
             for batch in batches:
                 if steps is not None and count >= steps:
                     break
-                x, y, w = self._check_batch_pair(model, batch, limit)
+                x, y, w = self._check_batch_pair(
+                    model, batch, limit, ids_checked=stream is not None
+                )
                 if count == 0 and stream is None:
                     _check_output(model, x.shape[0], x.shape[1])
                 # The gradient of the batch's (weighted) mean token loss.
@@ -490,7 +495,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 segment, logs with the running `loss` and `perplexity`) and
                 `on_test_end`. Defaults to `None`.
             verbose: `"auto"`, 0, 1 or 2. Progress bar. Defaults to `"auto"`
-                (1).
+                (a bar on a terminal, none in a log or a pipe).
             adapt: bool. `False` scores the stream statically, with the same
                 segments and carried state, and needs no gradient statistics.
                 Defaults to `True`.
@@ -597,7 +602,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 f"stop_on_divergence={stop_on_divergence!r}"
             )
         _check_verbose(verbose)
-        verbose = 1 if verbose == "auto" else verbose
+        verbose = progress_verbosity(verbose)
         callbacks = _check_callbacks(callbacks)
         _validation.optional_positive_int("batch_size", batch_size)
         model = self._require_model()
@@ -769,7 +774,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         if message:
             raise ValueError(message)
 
-    def _check_batch_pair(self, model, batch, limit):
+    def _check_batch_pair(self, model, batch, limit, ids_checked=False):
         if not (isinstance(batch, (tuple, list)) and len(batch) in (2, 3)):
             raise ValueError(
                 "Expected `data` to yield `(x, y)` or `(x, y, sample_weight)` "
@@ -790,8 +795,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 )
         else:
             w = np.ones(y.shape, "float32")
-        x = _check_ids(x, "data", limit)
-        y = _check_ids(y, "data", limit)
+        if not ids_checked:
+            x = _check_ids(x, "data", limit)
+            y = _check_ids(y, "data", limit)
         size = _per_stream_size(model)
         if size is not None and x.shape[0] != size:
             raise ValueError(
@@ -982,7 +988,8 @@ def _to_numpy(value):
 
 
 def _check_ids(array, name, limit):
-    return _validation.token_ids(name, array, limit).astype("int32")
+    # No copy when already int32: a view of a corpus's ids stays one.
+    return _validation.token_ids(name, array, limit).astype("int32", copy=False)
 
 
 def _as_streams(x, name, limit):

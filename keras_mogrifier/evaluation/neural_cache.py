@@ -9,6 +9,7 @@ from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation._stream_scoring import safe_exp
+from keras_mogrifier.evaluation._stream_scoring import progress_verbosity
 from keras_mogrifier.evaluation._stream_scoring import score_stream
 
 DEFAULT_INTERPOLATIONS = (0.05, 0.1, 0.15, 0.2, 0.3)
@@ -170,7 +171,8 @@ class NeuralCache:
                 model's state capacity). Defaults to `None` (1).
             callbacks: list of `keras.callbacks.Callback` or None, called as
                 in `DynamicEvaluator.evaluate`. Defaults to `None`.
-            verbose: `"auto"`, 0, 1 or 2. Progress bar. Defaults to `"auto"`.
+            verbose: `"auto"`, 0, 1 or 2. Progress bar. Defaults to `"auto"`
+                (a bar on a terminal, none in a log or a pipe).
             return_token_losses: bool. Also return `token_losses`,
                 `(streams, time - 1)`. Defaults to `False`.
 
@@ -304,7 +306,7 @@ class NeuralCache:
         from keras_mogrifier.evaluation.dynamic_evaluator import _check_verbose
 
         _check_verbose(verbose)
-        verbose = 1 if verbose == "auto" else verbose
+        verbose = progress_verbosity(verbose)
         callbacks = _check_callbacks(callbacks)
         batch_size = _validation.optional_positive_int("batch_size", batch_size) or 1
         limit = getattr(self.model, "vocabulary_size", None)

@@ -74,6 +74,21 @@ A preset is a dict with two parts: `"model"`, the arguments of
   model averaging (`model_average` arithmetic, triggered after 50 turns
   without improvement, lines 44 and 71) is closest to Two-Tailed
   Averaging here.
+- `enwik8`: the Mogrifier paper's Enwik8 48M Mogrifier LSTM (Table 2: 1.146
+  test bpc, 1.012 with dynamic evaluation) from lamb's released
+  configuration `experiment/mogrifier/config/4d0a9a5bdb04+_tune_enwik8_48m_lstm_fm_d4_arms/trial_234/config`
+  (cited by line below): 4 layers of 1158 units (the largest within 48M
+  here), 6 rounds of rank 79, untied, skip connections, small dropout,
+  Adam (β₁ = 0) at 1.02e-3, batch 128, BPTT 500, 28 epochs; `l2_penalty`
+  9.93e-4 → 9.93e-7 per Σv² and `max_grad_norm` 10 → 0.02 on our mean
+  loss (T = 500). Load the data with `keras_mogrifier.data.load_enwik8`.
+- `text8`: *Circling Back*'s Text8 recipe (§7, Table 2: 48M Mogrifier
+  RLSTM, 1.119 test bpc, 1.068 with dynamic evaluation): 6 residual layers
+  of 1002 units, batch 128, BPTT 256, 200 epochs, one dropout sample,
+  RAdam, Two-Tailed Averaging, Chrono; the rates and the mogrifier's
+  rounds and rank, unpublished, start from the `enwik8` preset (l2 and
+  clip converted with T = 256). Load the data with
+  `keras_mogrifier.data.load_text8`.
 """
 
 import copy
@@ -100,6 +115,11 @@ PRESETS = {
             "cell_output_dropout": 0.1,
             "state_dropout": 0.1,
             "output_dropout": 0.2,
+            # lamb's value (every released config): without it, a model
+            # trained on the embedded corpus's documents sometimes latched
+            # from a zero state (one of 32 evaluation streams at perplexity
+            # 4·10⁴, never predicting <eos>; docs/language-models.md).
+            "drop_state_probability": 0.01,
         },
         "training": {
             "batch_size": 32,
@@ -223,6 +243,101 @@ PRESETS["wikitext2"] = {
     },
 }
 
+# deepmind/lamb experiment/mogrifier/config/
+# 4d0a9a5bdb04+_tune_enwik8_48m_lstm_fm_d4_arms/trial_234/config: the
+# Mogrifier LSTM of the Mogrifier paper's Table 2, Enwik8 48M (test 1.146
+# bpc, 1.012 with dynamic evaluation), cited by line below.
+_ENWIK8_T = 500  # max_time_steps, line 70
+PRESETS["enwik8"] = {
+    "model": {
+        # num_params 48M (line 7), hidden_size -1 (line 31): the largest
+        # width within 48M parameters in this library's LanguageModel with
+        # the 257 byte-level tokens (47.94M; 1159 units: 48.02M).
+        "units": 1158,
+        "num_layers": 4,  # line 23
+        "embedding_dim": 1158,  # input_embedding_ratio 1.0 (line 11)
+        "cell": "mogrifier_lstm",  # model lstm (line 22) with a feature mask
+        "mogrifier_rounds": 6,  # feature_mask_rounds, line 26
+        "mogrifier_rank": 79,  # feature_mask_rank, line 27
+        "capped_input_gate": True,  # cap_input_gate, line 36
+        "unit_forget_bias": True,  # forget_bias 1.0, line 54
+        "residual": False,  # residual_connections, line 24
+        "skip_connections": True,  # lstm_skip_connection, line 25
+        "tie_embeddings": False,  # share_input_and_output_embeddings, line 8
+        "input_dropout": 0.015496029112930465,  # line 16
+        "cell_output_dropout": 0.008633961431527571,  # inter_layer_dropout, 38
+        "state_dropout": 0.0437288219541186,  # line 39
+        "output_dropout": 0.138307173174503,  # line 17
+        "samples": 1,  # num_training_samples, line 45
+        "l2": units.summed_loss_l2(0.000993383826740019, _ENWIK8_T),  # line 46
+        "drop_state_probability": 0.01,  # line 49
+    },
+    "training": {
+        "batch_size": 128,  # line 67
+        "sequence_length": _ENWIK8_T,
+        # turns 100 × steps_per_turn 400 (lines 57, 59) = 40,000 steps of
+        # 128 × 500 bytes: 28.4 passes over the 90M training bytes (Circling
+        # Back §7: "the baseline model ... was trained for only 29 epochs").
+        "epochs": 28,
+        "optimizer": "adam",  # rmsprop, β₂ .999, ε 1e-8 (lines 61-63)
+        "learning_rate": 0.001021423409385794,  # line 74
+        "beta_1": 0.0,
+        "global_clipnorm": units.summed_loss_clipnorm(10.0, _ENWIK8_T),  # line 69
+        # lamb's arithmetic model averaging (line 44, triggered after 10
+        # turns without improvement, line 71) is closest to Two-Tailed
+        # Averaging here.
+        "two_tailed_averaging": True,
+        "divergence_recovery": True,
+        "eval_batch_size": 64,
+        "jit_compile": "auto",
+    },
+}
+
+# Circling Back (Melis 2022) §7 and Table 2, Text8: 6-layer Mogrifier RLSTMs
+# of 48M parameters (test 1.119 bpc, 1.068 with dynamic evaluation), batch
+# 128, BPTT 256, 200 epochs, one dropout sample, the residual architecture,
+# RAdam, Two-Tailed Averaging, Chrono initialisation. Its rates (picked from
+# 60 random candidates) and the mogrifier's rounds and rank are not
+# published: they start from the released Enwik8 48M configuration above
+# (same kind of text, same model size), converted to this window.
+_TEXT8_T = 256
+_ENWIK8_MODEL = PRESETS["enwik8"]["model"]
+PRESETS["text8"] = {
+    "model": {
+        # The largest width within 48M parameters with text8's 28 tokens
+        # (47.98M; 1003 units: 48.07M).
+        "units": 1002,
+        "num_layers": 6,
+        "embedding_dim": 1002,
+        "cell": "mogrifier_rlstm",
+        "mogrifier_rounds": _ENWIK8_MODEL["mogrifier_rounds"],
+        "mogrifier_rank": _ENWIK8_MODEL["mogrifier_rank"],
+        "chrono_t_max": math.exp(3.5),  # the middle of the tuned [e², e⁵]
+        "residual": True,
+        "tie_embeddings": False,
+        "input_dropout": _ENWIK8_MODEL["input_dropout"],
+        "cell_output_dropout": _ENWIK8_MODEL["cell_output_dropout"],
+        "state_dropout": _ENWIK8_MODEL["state_dropout"],
+        "output_dropout": _ENWIK8_MODEL["output_dropout"],
+        "samples": 1,
+        "l2": units.summed_loss_l2(0.000993383826740019, _TEXT8_T),
+        "drop_state_probability": 0.01,
+    },
+    "training": {
+        "batch_size": 128,
+        "sequence_length": _TEXT8_T,
+        "epochs": 200,
+        "optimizer": "radam",
+        "learning_rate": 0.001021423409385794,
+        "beta_1": 0.0,
+        "global_clipnorm": units.summed_loss_clipnorm(10.0, _TEXT8_T),
+        "two_tailed_averaging": True,
+        "divergence_recovery": True,
+        "eval_batch_size": 64,
+        "jit_compile": "auto",
+    },
+}
+
 TRAINING_DEFAULTS = {
     "batch_size": 32,
     "sequence_length": 35,
@@ -248,7 +363,8 @@ def get_preset(name, model=None, training=None):
     """A copy of the preset `name`, with overrides.
 
     Args:
-        name: str. One of `"tiny"`, `"small"`, `"paper"`, `"wikitext2"`.
+        name: str. One of `"tiny"`, `"small"`, `"paper"`, `"wikitext2"`,
+            `"enwik8"`, `"text8"`.
         model: dict or None. Overrides of `LanguageModel` arguments.
         training: dict or None. Overrides of training settings (see
             `TRAINING_DEFAULTS`).
