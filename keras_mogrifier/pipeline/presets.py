@@ -44,7 +44,10 @@ A preset is a dict with two parts: `"model"`, the arguments of
   `chrono_t_max = e^3.5` is the middle of the tuned range `[e², e⁵]`.
   lamb's l2 and clip are for its loss summed over the 70 steps of a window
   and are converted (`keras_mogrifier.pipeline.units`): l2 2.5e-4 → 1.79e-6
-  per Σv² on every trainable variable, biases included; clip 10 → 10/70.
+  per Σv² on every trainable variable, biases included; clip 10 → 10/70;
+  Adam's ε 1e-8 (config line 63) → 1e-8/70, because ε is added to the root
+  of the second moment of the summed loss's gradient (Keras's default 1e-7
+  would be 700 times larger).
 - `wikitext2`: the Mogrifier LSTM with a mixture of 2 softmaxes of the
   Mogrifier paper's Wikitext-2 rows (Table 1: 56.6 test perplexity, 39.0
   with dynamic evaluation), from lamb's released configuration
@@ -68,7 +71,8 @@ A preset is a dict with two parts: `"model"`, the arguments of
   β₂ .999, ε 1e-8 (lines 61-63), which is Adam with β₁ = 0 (Mogrifier
   §3.3), learning rate 3.29e-3 (74), batch 64 (67), BPTT 70 (70). On its
   loss summed over the window: `l2_penalty` 1.9e-4 (46) → 1.36e-6 per Σv²,
-  `max_grad_norm` 10 (69) → 10/70 (`keras_mogrifier.pipeline.units`).
+  `max_grad_norm` 10 (69) → 10/70, ε 1e-8 (63) → 1e-8/70
+  (`keras_mogrifier.pipeline.units`).
   lamb trains 1000 turns of 200 steps (lines 57-59), 200k steps of 64×70
   tokens: about 430 epochs of Wikitext-2's 2.09M training tokens. Its
   model averaging (`model_average` arithmetic, triggered after 50 turns
@@ -174,6 +178,9 @@ PRESETS = {
             "optimizer": "radam",
             "learning_rate": 2.3e-3,
             "beta_1": 0.0,
+            # lamb adam/rmsprop epsilon 1e-8 (config line 63) on the root of
+            # its summed loss's second moment: 1e-8 / 70 on ours.
+            "epsilon": units.summed_loss_epsilon(1e-8, _LAMB_T),
             # lamb max_grad_norm 10 on its summed loss (lm.py 462).
             "global_clipnorm": units.summed_loss_clipnorm(10.0, _LAMB_T),
             "two_tailed_averaging": True,
@@ -215,6 +222,7 @@ PRESETS["wikitext2"] = {
         "optimizer": "adam",  # rmsprop, β₂ .999, ε 1e-8 (lines 61-63)
         "learning_rate": 0.003287792100749033,  # line 74
         "beta_1": 0.0,
+        "epsilon": units.summed_loss_epsilon(1e-8, _WT2_T),  # line 63
         "global_clipnorm": units.summed_loss_clipnorm(10.0, _WT2_T),  # line 69
         "two_tailed_averaging": True,
         "divergence_recovery": True,
@@ -230,6 +238,7 @@ TRAINING_DEFAULTS = {
     "optimizer": "adam",
     "learning_rate": 1e-3,
     "beta_1": 0.9,
+    "epsilon": None,
     "clipnorm": None,
     "global_clipnorm": None,
     "halve_after_epoch": None,
