@@ -10,7 +10,7 @@ one stream (batch 1, state carried):
 | rung | rule | n |
 | --- | --- | --- |
 | static | no adaptation | 5 |
-| traditional | `sgd`, λ = 0 (Krause eq. 2, Mikolov) | 1 |
+| traditional | `sgd`, λ = 0 (Mikolov's, described in Krause §4-5: n = 1 in eq. 2) | 1 |
 | sgd n=5 | `sgd`, λ = 0 | 5 |
 | sgd + global prior | `sgd` (eq. 4) | 5 |
 | RMS + global prior | `rms_global_prior` (eq. 6) | 5 |

@@ -63,10 +63,10 @@ A preset is a dict with two parts: `"model"`, the arguments of
   (`model` lstm, line 22) with the capped input gate (line 36), forget
   bias 1 (line 54), lamb's skip connections (lines 24-25). Dropout: input
   .547 (16), inter-layer .199 (38; `cell_output_dropout` with
-  `residual=False`), state .221 (39), output .348 (17); lamb also applies
-  its `downprojected_output_dropout` (-1, line 18: defaults to the output
-  dropout) to each component's context, which this library does not (see
-  docs/mixture-of-softmaxes.md). One dropout sample (line 45);
+  `residual=False`), state .221 (39), output .348 (17), and lamb's
+  `downprojected_output_dropout` on each component's context (-1, line 18:
+  the output dropout, `lamb_flags.py` lines 555-556), here
+  `mixture_dropout` .348 (see docs/mixture-of-softmaxes.md). One dropout sample (line 45);
   `drop_state_probability` 0.01 (49). Optimiser: lamb's RMSProp with
   β₂ .999, ε 1e-8 (lines 61-63), which is Adam with β₁ = 0 (Mogrifier
   §3.3), learning rate 3.29e-3 (74), batch 64 (67), BPTT 70 (70). On its
@@ -75,9 +75,15 @@ A preset is a dict with two parts: `"model"`, the arguments of
   (`keras_mogrifier.pipeline.units`).
   lamb trains 1000 turns of 200 steps (lines 57-59), 200k steps of 64×70
   tokens: about 430 epochs of Wikitext-2's 2.09M training tokens. Its
-  model averaging (`model_average` arithmetic, triggered after 50 turns
-  without improvement, lines 44 and 71) is closest to Two-Tailed
-  Averaging here.
+  weight averaging — a running arithmetic mean of the weights (`Averaged`,
+  `lamb/averaged.py`), started once 50 turns pass without a better
+  validation score or at turn 800 at the latest (`trigger_averaging_turns`
+  line 71, `trigger_averaging_at_the_latest` line 72; `lamb/training.py`
+  lines 92-93 and 325-331) — is closest to Two-Tailed Averaging here.
+  (`model_average` arithmetic, line 44, is not weight averaging: it is how
+  the objective combines several dropout samples, the log of the mean of
+  their probabilities, `lamb/lm.py` lines 403-407, as `IWAEDropoutLoss`;
+  with one sample, line 45, it does nothing.)
 """
 
 import copy
@@ -211,6 +217,8 @@ PRESETS["wikitext2"] = {
         "cell_output_dropout": 0.1988228263748591,  # inter_layer_dropout, 38
         "state_dropout": 0.22137985867236876,  # line 39
         "output_dropout": 0.34766651193735193,  # line 17
+        # downprojected_output_dropout -1 (line 18): the output dropout.
+        "mixture_dropout": 0.34766651193735193,
         "samples": 1,  # num_training_samples, line 45
         "l2": units.summed_loss_l2(0.00018994987193751323, _WT2_T),  # line 46
         "drop_state_probability": 0.01,  # line 49

@@ -318,17 +318,56 @@ def test_update_rule_matches_hand_computation(decay_rate, normalizer, dropout):
     np.testing.assert_allclose(result["bits_per_token"], loss / np.log(2), rtol=1e-5)
 
 
-def test_decay_only_pulls_back_to_trained_weights():
-    """η = 0 and λ > 0 from θ = θ_g: nothing moves, the result is static."""
+class Perturb(keras.callbacks.Callback):
+    """Moves the weights away from θ_g once, after the first segment."""
+
+    def __init__(self, variables, offsets):
+        super().__init__()
+        self.variables, self.offsets = variables, offsets
+
+    def on_test_batch_end(self, batch, logs=None):
+        if batch == 0:
+            for v, offset in zip(self.variables, self.offsets):
+                v.assign(to_numpy(v) + offset)
+
+
+@pytest.mark.parametrize("normalizer", ["tensor_mean", "global_mean"])
+def test_decay_only_pulls_back_to_trained_weights(normalizer):
+    """η = 0, λ > 0: from θ = θ_g nothing moves (the result is static); moved
+    away from θ_g, every element returns by its eq. 8 fraction
+    min(1, λ RMS / mean(RMS)) per segment, to θ_g and nowhere else."""
     model = lstm_model()
-    stream = np.random.default_rng(1).integers(0, VOCAB, 12)
-    ev = DynamicEvaluator(model, learning_rate=0.0, decay_rate=0.9)
-    ev.gradient_statistics = random_statistics(model.trainable_variables)
-    capture = testing.CaptureVariables(model.trainable_variables)
-    before = [to_numpy(v).copy() for v in model.trainable_variables]
+    stream = np.random.default_rng(1).integers(0, VOCAB, 16)  # 3 segments of 5
+    variables = model.trainable_variables
+    statistics = random_statistics(variables)
+    ev = DynamicEvaluator(model, learning_rate=0.0, decay_rate=0.9, normalizer=normalizer)
+    ev.gradient_statistics = statistics
+    before = [to_numpy(v).copy() for v in variables]
+    capture = testing.CaptureVariables(variables)
     ev.evaluate(stream, callbacks=[capture], verbose=0)
     for after in capture.after_segment:
         assert_same(after, before)
+    rng = np.random.default_rng(5)
+    offsets = [rng.normal(size=v.shape).astype("float32") for v in variables]
+    capture = testing.CaptureVariables(variables)
+    ev.evaluate(stream, callbacks=[Perturb(variables, offsets), capture], verbose=0)
+    rms = [np.sqrt(statistics[v.path]) for v in variables]
+    if normalizer == "tensor_mean":
+        mean_rms = np.mean([r.mean() for r in rms])
+    else:
+        mean_rms = sum(r.sum() for r in rms) / sum(r.size for r in rms)
+    fractions = [np.minimum(1.0, 0.9 * r / mean_rms) for r in rms]
+    assert any(np.any(f == 1.0) for f in fractions)
+    assert any(np.any((f > 0) & (f < 1)) for f in fractions)
+    deviation = offsets
+    for after in capture.after_segment[1:]:  # segments 2 and 3 decay
+        deviation = [d * (1.0 - f) for d, f in zip(deviation, fractions)]
+        for a, theta_g, d in zip(after, before, deviation):
+            np.testing.assert_allclose(a, theta_g + d, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(capture.after_segment[-1][0], before[0] + offsets[0])
+    # Restored afterwards, as always.
+    for v, b in zip(variables, before):
+        np.testing.assert_array_equal(to_numpy(v), b)
 
 
 @testing.backend_specific(
