@@ -83,7 +83,7 @@ class TokenNLLMetric(keras.metrics.Metric):
         score, and NaN cannot be mistaken for a perfect one. Read eagerly,
         it then warns (`RuntimeWarning`) that there were no tokens.
         """
-        tokens = _concrete_value(self.total_tokens)
+        tokens = _concrete_value(self.total_tokens.value)
         if tokens is not None and float(tokens) == 0.0:
             warnings.warn(
                 f"`{self.name}` over zero tokens: nothing was seen since the "

@@ -1039,6 +1039,17 @@ class LanguageModel(keras.Model):
             json.dumps(self._weights_manifest()).encode("utf-8"), dtype=np.uint8
         )
 
+    def load_weights(self, filepath, *args, **kwargs):
+        # Keras goes on loading the other layers after one fails and raises
+        # at the end: the model's weights (and state) are put back then.
+        saved = [ops.copy(v.value) for v in self.variables]
+        try:
+            return super().load_weights(filepath, *args, **kwargs)
+        except BaseException:
+            for variable, value in zip(self.variables, saved):
+                variable.assign(value)
+            raise
+
     def load_own_variables(self, store):
         # Runs before any sub-layer is loaded: a refusal changes nothing.
         keys = list(store.keys())

@@ -818,3 +818,42 @@ def test_backend_without_gradients_raises(monkeypatch):
     monkeypatch.setattr(keras.backend, "backend", lambda: "numpy")
     with pytest.raises(ValueError, match="tensorflow.*jax.*torch.*Received: 'numpy'"):
         DynamicEvaluator()
+
+
+def test_a_huge_finite_loss_is_a_divergence_not_a_number():
+    """SGD at η = 1e20 gave a loss of about 4e19 and perplexity inf, reported
+    as a result: a token loss no float's exp can hold is a divergence."""
+    from keras_mogrifier.evaluation import DivergenceError
+
+    model = lstm_model()
+    stream = np.random.default_rng(1).integers(0, VOCAB, 16)
+    set_random_state(model)
+    weights, states = weight_values(model), state_values(model)
+    ev = DynamicEvaluator(model, update_rule="sgd", learning_rate=1e20, decay_rate=0.0)
+    with pytest.raises(DivergenceError, match="diverged at token") as caught:
+        ev.evaluate(stream, verbose=0)
+    assert np.isnan(caught.value.loss) or caught.value.loss > 709.78
+    assert_same(weight_values(model), weights)
+    assert_same(state_values(model), states)
+    # Without stopping, the numbers are what they are (asked for).
+    result = ev.evaluate(stream, verbose=0, stop_on_divergence=False)
+    assert not np.isfinite(result["perplexity"])
+    assert_same(weight_values(model), weights)
+
+
+def test_a_vocabulary_size_larger_than_the_models_is_refused():
+    model = lstm_model()
+    with pytest.raises(ValueError, match=r"Expected `vocabulary_size` to be at most the "
+                       rf"model's vocabulary \({VOCAB} ids.*vocabulary_size={VOCAB + 5}"):
+        DynamicEvaluator(model, vocabulary_size=VOCAB + 5)
+    # Set afterwards, it is refused before any step.
+    ev = DynamicEvaluator(model, vocabulary_size=VOCAB - 1)
+    ev.vocabulary_size = VOCAB + 1
+    weights = weight_values(model)
+    with pytest.raises(ValueError, match="Expected `vocabulary_size` to be at most"):
+        ev.evaluate(np.array([1, VOCAB, 2]), adapt=False, verbose=0)
+    assert_same(weight_values(model), weights)
+    # A smaller one is a stricter check, as documented.
+    with pytest.raises(ValueError, match=rf"token ids in \[0, {VOCAB - 1}\)"):
+        DynamicEvaluator(model, vocabulary_size=VOCAB - 1).evaluate(
+            np.array([1, VOCAB - 1, 2]), adapt=False, verbose=0)

@@ -53,8 +53,9 @@ def test_matches_a_numpy_average_of_probabilities_over_passes():
     assert result["perplexity"] == pytest.approx(np.exp(expected), rel=1e-5)
     assert result["num_tokens"] == tokens == B * (len(STREAM) // B - 1)
     assert result["passes"] == 3
-    # Averaging probabilities beats every single pass's loss on average.
-    assert expected < np.mean(per_pass)
+    # Each pass is its own dropout network (own masks, own state): the
+    # passes' losses differ, so the ensemble is not one network K times.
+    assert len({round(float(p), 6) for p in per_pass}) == 3
 
 
 def test_without_dropout_equals_ordinary_evaluation():
