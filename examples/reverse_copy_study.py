@@ -25,6 +25,8 @@ import argparse
 import json
 import math
 import os
+import shlex
+import sys
 import time
 import warnings
 
@@ -252,7 +254,9 @@ def main(argv=None):
                   f"{row['search_seconds']:.0f} s", flush=True)
             os.makedirs(os.path.dirname(os.path.abspath(args.results_json)), exist_ok=True)
             with open(args.results_json, "w") as f:
-                json.dump({"settings": {k: v for k, v in vars(args).items()
+                json.dump({"command": "python reverse_copy_study.py " + shlex.join(
+                               sys.argv[1:] if argv is None else argv),
+                           "settings": {k: v for k, v in vars(args).items()
                                         if k not in ("resume",)},
                            "backend": keras.backend.backend(), "rows": rows}, f, indent=2)
     if args.figure:
