@@ -17,6 +17,12 @@ import numpy as np
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation.divergence_error import DivergenceError
 
+# A token loss above this (ln of float64's largest number) has a perplexity
+# that no float can hold: the weights have diverged, although the loss is
+# finite (SGD at η = 1e20 gives losses near 4e19). A model with finite
+# logits cannot assign a token e^-709 without logits that far apart.
+MAX_TOKEN_LOSS = math.log(np.finfo("float64").max)
+
 
 def score_stream(
     model,
@@ -29,6 +35,7 @@ def score_stream(
     verbose=0,
     stop_on_divergence=True,
     settings=None,
+    keep_final_state=False,
 ):
     """Scores `streams` segment by segment and returns the report.
 
@@ -52,8 +59,14 @@ def score_stream(
             logs with the running `loss` and `perplexity`) and `on_test_end`.
         verbose: 0, 1 or 2: Keras's progress bar (with an ETA).
         stop_on_divergence: bool. Raise `DivergenceError` at the first segment
-            whose loss is not finite.
+            with a token loss that is not finite or above `MAX_TOKEN_LOSS`
+            (709.78 nats).
         settings: dict or None. Named in a `DivergenceError`.
+        keep_final_state: bool. For one group of streams: its last segment
+            holds only real tokens (no padding: it may be shorter than
+            `segment_length`) and, when the stream is done, the model keeps
+            the state it reached (the streams' state after their last input
+            token). After an error the state is restored all the same.
 
     Returns:
         `(report, token_losses)`: the report holds `loss` (token-weighted mean
@@ -75,6 +88,11 @@ def score_stream(
     # text but count for nothing.
     inputs[num_streams:, :predicted] = streams[0, :-1]
     targets[num_streams:, :predicted] = streams[0, 1:]
+    if keep_final_state and num_groups != 1:
+        raise ValueError(
+            "Expected one group of streams to keep their final state. "
+            f"Received: {num_streams} streams in groups of {batch_size}"
+        )
     # Tokens counted after each segment of a group, for the running logs.
     seen_per_segment = np.minimum(np.arange(1, num_segments + 1) * n, predicted)
 
@@ -91,6 +109,7 @@ def score_stream(
     saved_states = _recurrent_state.snapshot(states)
     losses = []
     loss_sum, tokens_done = 0.0, 0
+    completed = False
     try:
         callback_list.on_test_begin()
         for group in range(num_groups):
@@ -102,14 +121,20 @@ def score_stream(
             for s in range(num_segments):
                 index = group * num_segments + s
                 callback_list.on_test_batch_begin(index)
-                columns = slice(s * n, (s + 1) * n)
+                end = (s + 1) * n
+                if keep_final_state:
+                    end = min(end, predicted)  # no padding in the last one
+                columns = slice(s * n, end)
                 w = weights[rows, columns]
                 token_losses = score_segment(
                     inputs[rows, columns], targets[rows, columns], w, group, s
                 )
                 segment_losses = np.asarray(token_losses, "float32") * w
-                if stop_on_divergence and not np.all(np.isfinite(segment_losses)):
-                    row, column = np.argwhere(~np.isfinite(segment_losses))[0]
+                diverged = ~np.isfinite(segment_losses) | (
+                    segment_losses > MAX_TOKEN_LOSS
+                )
+                if stop_on_divergence and diverged.any():
+                    row, column = np.argwhere(diverged)[0]
                     raise DivergenceError.at(
                         stream=int(group * batch_size + row),
                         token=int(s * n + column + 1),
@@ -117,6 +142,10 @@ def score_stream(
                         loss=float(segment_losses[row, column]),
                         settings=settings or {},
                         tokens_scored=int(tokens_done + group_tokens * s * n),
+                    )
+                if segment_losses.shape[1] < n:
+                    segment_losses = np.pad(
+                        segment_losses, ((0, 0), (0, n - segment_losses.shape[1]))
                     )
                 losses.append(segment_losses)
                 if report:
@@ -127,8 +156,10 @@ def score_stream(
                         index, {"loss": running, "perplexity": safe_exp(running)}
                     )
             tokens_done += group_tokens * predicted
+        completed = True
     finally:
-        _recurrent_state.assign(states, saved_states)
+        if not (keep_final_state and completed):
+            _recurrent_state.assign(states, saved_states)
 
     per_group = [
         np.concatenate(losses[g * num_segments : (g + 1) * num_segments], axis=1)

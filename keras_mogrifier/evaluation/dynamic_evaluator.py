@@ -10,6 +10,7 @@ from keras import ops
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.evaluation import _recurrent_state
+from keras_mogrifier.evaluation import _adaptive_generation
 from keras_mogrifier.evaluation import update_rules
 from keras_mogrifier.evaluation._stream_scoring import progress_verbosity
 from keras_mogrifier.evaluation._stream_scoring import score_stream
@@ -43,9 +44,11 @@ class DynamicEvaluator(keras.callbacks.Callback):
     Krause et al.'s eq. 8 (`update_rule="rms_rms_prior"`); the simpler rules
     of their ablation are `"rms_global_prior"` (eq. 6, the decay
     `λ (θ_g − θ)` for every element alike) and `"sgd"` (eq. 4,
-    `θ − η g + λ (θ_g − θ)`, which needs no gradient statistics; eq. 2 with
-    `decay_rate=0`, Mikolov's traditional dynamic evaluation with
-    `segment_length=1` as well); see `update_rules`. An element without
+    `θ − η g + λ (θ_g − θ)`, which needs no gradient statistics; with
+    `decay_rate=0` it is plain SGD, and with `segment_length=1` as well
+    Mikolov's "traditional dynamic evaluation", which Krause et al. §4-5
+    describe in words: n = 1 in their segmentation, eq. 2); see
+    `update_rules`. An element without
     gradient statistics takes its tensor's mean RMS (see `docs/`), and a
     segment whose loss is not finite stops the pass (`DivergenceError`).
 
@@ -227,7 +230,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self._steps_model = None
         self._statistics = None  # (variables, [MS_g tensors in the variables' shapes])
         self.adaptation_results = None  # what `adapt_to` scored while adapting
+        self._adapted_documents = []  # the enclosing `adapt_to` blocks
         if model is not None:
+            self._vocabulary_limit(model)  # a larger `vocabulary_size`: refused
             self.set_model(model)
 
     # === Hyperparameters (validated whenever set) ===
@@ -502,8 +507,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
             return_token_losses: bool. Also return `token_losses`, a float32
                 array `(streams, time - 1)` of the loss of every predicted
                 token. Defaults to `False`.
-            stop_on_divergence: bool. Stop at the first segment whose loss is
-                not finite and raise `DivergenceError` (naming the stream,
+            stop_on_divergence: bool. Stop at the first segment with a token
+                loss that is not finite or above 709.78 nats (a perplexity no
+                float holds) and raise `DivergenceError` (naming the stream,
                 the token and the settings) instead of scoring the rest of
                 the stream for nothing. The weights and state are restored
                 either way. Defaults to `True`.
@@ -522,13 +528,22 @@ class DynamicEvaluator(keras.callbacks.Callback):
     def adapt_to(self, document, *, vocabulary=None, verbose=0):
         """Adapts the model to `document` and hands it back adapted.
 
-        Adaptive generation: inside the `with` block the model holds the
-        weights that dynamic evaluation reaches at the end of `document`
-        (the same segments, update rule and carried state as `evaluate`),
-        so `generate` and `score` continue in the document's vocabulary and
-        style. On exit — also after an error — the model holds its trained
-        weights and its recurrent state again, exactly. Blocks nest: an
-        inner one adapts further and restores the outer one's weights.
+        Adaptive generation (Krause et al. §7.4): inside the `with` block the
+        model holds the weights that dynamic evaluation reaches at the end of
+        `document` (the same segments, update rule and carried state as
+        `evaluate`), and row 0 of its carried recurrent state is the
+        document's: the state dynamic evaluation reached, every token but the
+        last read (the last one is the next input). `generate` (below)
+        continues the document from there, and can keep adapting on what it
+        samples; the model's own `generate` and `score` start from a zero
+        state, with the adapted weights. On exit — also after an error — the
+        model holds the weights and the carried recurrent state it had before
+        the block, exactly.
+
+        Blocks nest: an inner block adapts further, starting from the outer
+        block's weights, and its update rule decays toward them (the outer
+        block's weights are its θ_g), not toward the trained weights; on exit
+        the outer block's weights and state are back.
 
         Needs gradient statistics (`collect_gradient_statistics`), as
         `evaluate` does. The scores of the document while adapting (the
@@ -553,9 +568,11 @@ class DynamicEvaluator(keras.callbacks.Callback):
         evaluator.collect_gradient_statistics(corpus.train, batch_size=20)
         with evaluator.adapt_to(article) as adapted:
             adapted.generate("the company said", max_length=30)
+            evaluator.generate(max_length=30, sampler="top_k")  # continues it
         ```
         """
         model = self._require_model()
+        vocab = None
         if isinstance(document, str):
             vocab = text_lib.resolve_vocabulary(model, vocabulary)
             if vocab is None:
@@ -573,13 +590,81 @@ class DynamicEvaluator(keras.callbacks.Callback):
             )
         variables = self.adapted_variables()
         theta_g = _recurrent_state.snapshot(variables)
+        states = _recurrent_state.state_variables(model)
+        saved_states = _recurrent_state.snapshot(states)
+        documents = self._adapted_documents
+        depth = len(documents)
         try:
             self.adaptation_results = self._evaluate(
                 streams, None, None, verbose, True, False, True, keep_adapted=True
             )
+            documents.append(
+                {"ids": streams[0], "prior": theta_g, "variables": variables,
+                 "vocabulary": vocab}
+            )
             yield model
         finally:
+            del documents[depth:]
             _recurrent_state.assign(variables, theta_g)
+            _recurrent_state.assign(states, saved_states)
+
+    def generate(
+        self,
+        max_length,
+        prompt=None,
+        sampler="random",
+        *,
+        k=None,
+        p=None,
+        temperature=None,
+        seed=None,
+        stop_token_ids="auto",
+        keep_adapting=True,
+        vocabulary=None,
+        jit_compile="auto",
+    ):
+        """Continues the document of the enclosing `adapt_to` block.
+
+        Krause et al. §7.4 condition a dynamically evaluated model on a
+        document and sample its continuation "continuing to apply dynamic
+        evaluation during sampling" (§3: each generated segment is sampled
+        with fixed weights, then the weights take a dynamic-evaluation step
+        on it). This does that: from the document's state (inside
+        `with evaluator.adapt_to(document):`), it reads the document's last
+        token, then `prompt` if given, then samples; with `keep_adapting`,
+        after every `segment_length` tokens read or sampled it takes the
+        evaluator's update on them (the same rule, statistics and θ_g as the
+        block: the weights the block started from). Afterwards the model
+        holds the block's weights and state again.
+
+        Args:
+            max_length: int. Tokens to return: `prompt` and the continuation.
+            prompt: a string, a 1-D sequence of ids or `None`: tokens that
+                follow the document before sampling starts. Defaults to
+                `None`.
+            sampler: `"greedy"`, `"top_k"`, `"top_p"`, `"random"` or a
+                `keras_mogrifier.samplers.Sampler` (not beam search).
+                Defaults to `"random"`.
+            k, p, temperature: the sampler's settings, as in
+                `LanguageModel.generate`.
+            seed: int or `None`. Seed of the sampling. Defaults to `None`.
+            stop_token_ids: `"auto"`, `None` or ids: stop after one of them.
+                `"auto"` is the vocabulary's `<eos>`. Defaults to `"auto"`.
+            keep_adapting: bool. Adapt on the tokens read and sampled.
+                Defaults to `True` (Krause et al.).
+            vocabulary: a `Vocabulary` or `None` (the block's or the
+                model's).
+            jit_compile: bool or `"auto"`. Defaults to `"auto"`.
+
+        Returns:
+            A string (for a text document or prompt, with a vocabulary) or an
+            int32 array: the prompt and the continuation.
+        """
+        return _adaptive_generation.continue_document(
+            self, max_length, prompt, sampler, k=k, p=p, temperature=temperature,
+            seed=seed, stop_token_ids=stop_token_ids, keep_adapting=keep_adapting,
+            vocabulary=vocabulary, jit_compile=jit_compile,
+        )
 
     def _evaluate(
         self,
@@ -612,24 +697,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         stream_size = _per_stream_size(model)
         if adapt:
             variables = self.adapted_variables()
-            if update_rules.NEEDS_STATISTICS[self.update_rule]:
-                if self._statistics is None or [
-                    id(v) for v in self._statistics[0]
-                ] != [id(v) for v in variables]:
-                    raise ValueError(
-                        "Expected gradient statistics of the adapted variables "
-                        f"(update_rule={self.update_rule!r} divides by their "
-                        "RMS): call `collect_gradient_statistics(training_data)` "
-                        "(or set `gradient_statistics`) before `evaluate`. "
-                        "Received none."
-                    )
-                rms, hyperparameters = self._update_terms()
-            else:
-                # The rule reads no statistics: placeholders of the right shapes.
-                rms = [ops.zeros(v.shape, "float32") for v in variables]
-                hyperparameters = ops.convert_to_tensor(
-                    [self.learning_rate, self.epsilon, self.decay_rate, 1.0], "float32"
-                )
+            rms, hyperparameters = self._update_inputs(variables)
             if not all(_is_per_stream(v) for v in variables):
                 if batch_size not in (None, 1):
                     raise ValueError(
@@ -690,6 +758,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
                     model, streams, batch_size, self.segment_length, score_segment,
                     start_group=start_group, callbacks=callbacks, verbose=verbose,
                     stop_on_divergence=stop_on_divergence, settings=settings,
+                    keep_final_state=keep_adapted,
                 )
                 completed = True
             finally:
@@ -752,8 +821,19 @@ class DynamicEvaluator(keras.callbacks.Callback):
         return model
 
     def _vocabulary_limit(self, model):
-        if self.vocabulary_size is not None:
-            return self.vocabulary_size
+        own = self._model_vocabulary_limit(model)
+        if self.vocabulary_size is None:
+            return own
+        if own is not None and self.vocabulary_size > own:
+            raise ValueError(
+                f"Expected `vocabulary_size` to be at most the model's "
+                f"vocabulary ({own} ids: its embedding and output); an id "
+                f"≥ {own} has no embedding row. Received: "
+                f"vocabulary_size={self.vocabulary_size}"
+            )
+        return self.vocabulary_size
+
+    def _model_vocabulary_limit(self, model):
         limits = []
         size = getattr(model, "vocabulary_size", None)
         if isinstance(size, numbers.Integral):
@@ -806,6 +886,27 @@ class DynamicEvaluator(keras.callbacks.Callback):
             )
         self._check_batch(model, x.shape[0], "the batch size of `data`")
         return x, y, w
+
+    def _update_inputs(self, variables):
+        """`(rms, hyperparameters)` for the update of `variables`, or a ValueError."""
+        if update_rules.NEEDS_STATISTICS[self.update_rule]:
+            if self._statistics is None or [
+                id(v) for v in self._statistics[0]
+            ] != [id(v) for v in variables]:
+                raise ValueError(
+                    "Expected gradient statistics of the adapted variables "
+                    f"(update_rule={self.update_rule!r} divides by their "
+                    "RMS): call `collect_gradient_statistics(training_data)` "
+                    "(or set `gradient_statistics`) before `evaluate`. "
+                    "Received none."
+                )
+            return self._update_terms()
+        # The rule reads no statistics: placeholders of the right shapes.
+        rms = [ops.zeros(v.shape, "float32") for v in variables]
+        hyperparameters = ops.convert_to_tensor(
+            [self.learning_rate, self.epsilon, self.decay_rate, 1.0], "float32"
+        )
+        return rms, hyperparameters
 
     def _update_terms(self):
         """The RMS each variable is updated with, and `[η, ε, λ, mean(RMS)]`.

@@ -85,6 +85,8 @@ def build_optimizer(training):
     for clip in ("clipnorm", "global_clipnorm"):
         if training.get(clip):
             kwargs[clip] = training[clip]
+    if name != "sgd" and training.get("epsilon") is not None:
+        kwargs["epsilon"] = training["epsilon"]
     if name == "sgd":
         optimizer = keras.optimizers.SGD(**kwargs)
     elif name == "adam":

@@ -72,6 +72,8 @@ def test_enwik8_preset_is_lambs_48m_configuration_in_our_units():
     # lamb's loss is summed over the window: l2 / (2T) per Σv², clip / T.
     np.testing.assert_allclose(model["l2"], lamb["l2_penalty"] / (2 * t))
     np.testing.assert_allclose(training["global_clipnorm"], lamb["max_grad_norm"] / t)
+    # ε is added to sqrt(v̂), which is T times ours on the summed loss.
+    np.testing.assert_allclose(training["epsilon"], 1e-8 / t)  # rmsprop_epsilon, line 63
     assert training["batch_size"] == lamb["batch_size"]
     assert training["learning_rate"] == lamb["learning_rate"]
     assert (training["optimizer"], training["beta_1"]) == ("adam", 0.0)
@@ -105,3 +107,4 @@ def test_text8_preset_is_circling_backs_recipe_from_the_enwik8_rates():
         assert model[rate] == enwik8[rate]
     assert model["l2"] == pytest.approx(units.summed_loss_l2(LAMB_ENWIK8_48M["l2_penalty"], 256))
     assert training["global_clipnorm"] == pytest.approx(10.0 / 256)
+    assert training["epsilon"] == pytest.approx(1e-8 / 256)
