@@ -75,14 +75,24 @@ def get_backend_module():
 
 
 def rnn(step_function, inputs, initial_states, **kwargs):
-    """Keras's own time loop: the one `keras.layers.RNN` runs.
+    """The time loop of `CellRNN`: Keras's own, or the backend module's.
 
-    `tf.while_loop` on TensorFlow, `jax.lax.scan` on JAX, a Python loop on
-    PyTorch, with Keras's masking, `go_backwards`, `unroll` and
-    `time_major` (see `keras.layers.RNN`). It is not exported by Keras 3
-    (`keras.src.backend.rnn`): the Keras range is pinned in pyproject.toml
-    and the import is tested (tests/layers/cell_rnn_test.py).
+    Keras's (`keras.src.backend.rnn`, the loop `keras.layers.RNN` runs) is
+    `tf.while_loop` on TensorFlow, `jax.lax.scan` on JAX and a Python loop
+    on PyTorch, with Keras's masking, `go_backwards`, `unroll` and
+    `time_major` (see `keras.layers.RNN`). A backend module may offer a
+    leaner loop as `rnn(step_function, inputs, initial_states, **kwargs)`,
+    which returns `None` for the arguments it leaves to Keras's (PyTorch's
+    runs the unmasked case). Keras's is not exported by Keras 3: the Keras
+    range is pinned in pyproject.toml and the import is tested
+    (tests/layers/cell_rnn_test.py).
     """
     from keras.src import backend
 
+    if keras.backend.backend() in BACKENDS:
+        own = getattr(get_backend_module(), "rnn", None)
+        if own is not None:
+            result = own(step_function, inputs, initial_states, **kwargs)
+            if result is not None:
+                return result
     return backend.rnn(step_function, inputs, initial_states, **kwargs)

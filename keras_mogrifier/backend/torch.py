@@ -76,6 +76,50 @@ def model_gradients(model, variables, fn, jit_compile):
     return run
 
 
+def rnn(
+    step_function,
+    inputs,
+    initial_states,
+    go_backwards=False,
+    mask=None,
+    constants=None,
+    unroll=False,
+    input_length=None,
+    time_major=False,
+    zero_output_for_mask=False,
+    return_all_outputs=True,
+):
+    """The unmasked time loop, with nothing but the steps in it.
+
+    Keras's PyTorch loop computes the first step twice (once to learn the
+    output's shape) and counts time in a tensor; at batch 1 and a few steps
+    (dynamic evaluation's segments, generation) that is a large share of
+    the work. This loop runs each step once. Masks and constants are left
+    to Keras's loop (returns `None`).
+    """
+    del unroll, input_length, zero_output_for_mask  # no mask: nothing to do
+    if mask is not None or constants:
+        return None
+    if not time_major:
+        inputs = torch.transpose(inputs, 0, 1)
+    steps = torch.unbind(inputs, 0)
+    if go_backwards:
+        steps = steps[::-1]
+    states = tuple(initial_states)
+    outputs = []
+    for x_t in steps:
+        output, states = step_function(x_t, states)
+        states = tuple(states)
+        if return_all_outputs or not outputs:
+            outputs.append(output)
+        else:
+            outputs[0] = output
+    stacked = torch.stack(outputs)
+    if not time_major:
+        stacked = torch.transpose(stacked, 0, 1)
+    return outputs[-1], stacked, states
+
+
 def sync_training_state(model):
     del model  # `fit` updates the variables themselves
 

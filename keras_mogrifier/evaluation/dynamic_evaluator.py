@@ -13,6 +13,7 @@ from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation import update_rules
 from keras_mogrifier.evaluation._stream_scoring import score_stream
 from keras_mogrifier.generation import text as text_lib
+from keras_mogrifier.losses.token_nll import sparse_crossentropy
 
 ADAPTATION_KERNEL_NAME = "adaptation_kernel"
 NORMALIZERS = ("tensor_mean", "global_mean")
@@ -922,7 +923,7 @@ def _check_output(model, batch_size, time):
 def _token_losses(model, x, y):
     """Sparse cross-entropy of every token, float32, dropout off."""
     logits = ops.cast(model(x, training=False), "float32")
-    return ops.sparse_categorical_crossentropy(y, logits, from_logits=True)
+    return sparse_crossentropy(y, logits)
 
 
 def _numpy(tensor):

@@ -10,6 +10,7 @@ from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation._stream_scoring import safe_exp
 from keras_mogrifier.evaluation._stream_scoring import score_stream
+from keras_mogrifier.losses.token_nll import sparse_crossentropy
 
 DEFAULT_INTERPOLATIONS = (0.05, 0.1, 0.15, 0.2, 0.3)
 DEFAULT_FLATNESSES = (0.01, 0.03, 0.1, 0.3, 1.0)
@@ -334,7 +335,7 @@ class NeuralCache:
 
             def forward(x, y):
                 features, logits = model.features_and_logits(x)
-                log_p = -ops.sparse_categorical_crossentropy(y, logits, from_logits=True)
+                log_p = -sparse_crossentropy(y, logits)
                 return ops.cast(features, "float32"), log_p
 
             built = self._backend.model_function(model, forward, jit)
