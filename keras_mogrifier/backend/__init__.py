@@ -74,6 +74,30 @@ def get_backend_module():
     return importlib.import_module(f"keras_mogrifier.backend.{name}")
 
 
+def _own(name):
+    """The backend module's `name`, or `None` (Keras's is used then)."""
+    if keras.backend.backend() not in BACKENDS:
+        return None
+    return getattr(get_backend_module(), name, None)
+
+
+def sparse_crossentropy(ids, logits):
+    """`-log_softmax(logits)[ids]`, the cross-entropy of every token.
+
+    `ids` int `(...)`, `logits` float `(..., vocab)`; returns a tensor of
+    `ids`' shape. Keras's `sparse_categorical_crossentropy` (TensorFlow's
+    fused, stable kernel), unless the backend module has its own: PyTorch's
+    `cross_entropy` wants the classes on axis 1, so Keras moves a
+    `(batch, time, vocab)` tensor to `(batch, vocab, time)` and copies it,
+    forward and backward; the module's runs it on a `(tokens, vocab)`
+    matrix instead.
+    """
+    own = _own("sparse_crossentropy")
+    if own is not None:
+        return own(ids, logits)
+    return keras.ops.sparse_categorical_crossentropy(ids, logits, from_logits=True)
+
+
 def rnn(step_function, inputs, initial_states, **kwargs):
     """The time loop of `CellRNN`: Keras's own, or the backend module's.
 
@@ -89,10 +113,9 @@ def rnn(step_function, inputs, initial_states, **kwargs):
     """
     from keras.src import backend
 
-    if keras.backend.backend() in BACKENDS:
-        own = getattr(get_backend_module(), "rnn", None)
-        if own is not None:
-            result = own(step_function, inputs, initial_states, **kwargs)
-            if result is not None:
-                return result
+    own = _own("rnn")
+    if own is not None:
+        result = own(step_function, inputs, initial_states, **kwargs)
+        if result is not None:
+            return result
     return backend.rnn(step_function, inputs, initial_states, **kwargs)

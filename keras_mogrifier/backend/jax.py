@@ -113,6 +113,137 @@ def model_gradients(model, variables, fn, jit_compile):
     return _stateful(model, traced)
 
 
+def _padded(length, sequences, longest):
+    """`sequences` padded along axis 0 to `longest`, and the `active` flags.
+
+    A compiled loop has a fixed number of iterations; a shorter call runs
+    the same program with its last iterations switched off.
+    """
+    extra = longest - length
+    active = jax.numpy.arange(longest) < length
+    if extra == 0:
+        return active, sequences
+    return active, [
+        jax.numpy.concatenate(
+            [s, jax.numpy.zeros((extra,) + tuple(s.shape[1:]), s.dtype)], axis=0
+        )
+        for s in sequences
+    ]
+
+
+def _loop(model, body):
+    """Runs `body(values, carry, slices) -> (values, carry, output)` in a scan.
+
+    Returns `run(carry, constants, *sequences) -> (carry, outputs)`: one
+    `jax.lax.scan` over the leading axis of `sequences` (padded to the
+    longest length this function has run, so that a shorter call reuses
+    the program; a padded iteration is skipped by `jax.lax.cond` and
+    changes nothing), the values of the model's variables threaded through
+    it and written back into the variables afterwards.
+    """
+    variables = model_state(model)
+    longest = [0]
+
+    @jax.jit
+    def traced(values, carry, constants, active, *sequences):
+        def step(state, inputs):
+            values, carry = state
+            on, slices = inputs[0], inputs[1:]
+
+            def run_step(values, carry):
+                values, carry, output = body(values, carry, constants, slices)
+                return (values, carry), output
+
+            shapes = jax.eval_shape(run_step, values, carry)[1]
+
+            def skip(values, carry):
+                zeros = jax.tree_util.tree_map(
+                    lambda s: jax.numpy.zeros(s.shape, s.dtype), shapes
+                )
+                return (values, carry), zeros
+
+            return jax.lax.cond(on, run_step, skip, values, carry)
+
+        (values, carry), outputs = jax.lax.scan(
+            step, (values, carry), (active,) + tuple(sequences)
+        )
+        return (carry, outputs), values
+
+    def run(carry, constants, *sequences):
+        length = int(sequences[0].shape[0])
+        longest[0] = max(longest[0], length)
+        active, sequences = _padded(length, list(sequences), longest[0])
+        values = [v.value for v in variables]
+        (carry, outputs), new_values = traced(values, carry, constants, active, *sequences)
+        for variable, old, new in zip(variables, values, new_values):
+            if new is not old:
+                variable.assign(new)
+        outputs = jax.tree_util.tree_map(lambda o: o[:length], outputs)
+        return carry, outputs
+
+    return variables, run
+
+
+def _merged(values, new_values):
+    return [old if new is None else new for old, new in zip(values, new_values)]
+
+
+def model_loop(model, fn, jit_compile):
+    del jit_compile
+    variables = []
+
+    def body(values, carry, constants, slices):
+        (carry, output), new_values = _in_scope(
+            variables, values, fn, (carry, constants) + tuple(slices)
+        )
+        return _merged(values, new_values), carry, output
+
+    loop_variables, run = _loop(model, body)
+    variables.extend(loop_variables)
+    return run
+
+
+def model_adaptation_loop(model, variables, objective, update, jit_compile):
+    del jit_compile
+    all_variables = []
+    positions = []
+
+    def body(values, carry, constants, slices):
+        chosen = [values[p] for p in positions]
+
+        def value_of(chosen):
+            current = list(values)
+            for position, value in zip(positions, chosen):
+                current[position] = value
+            (value, aux), new_values = _in_scope(all_variables, current, objective, slices)
+            return value, (aux, new_values)
+
+        (_, (aux, new_values)), gradients = jax.value_and_grad(value_of, has_aux=True)(
+            chosen
+        )
+        values = _merged(values, new_values)
+        updated = update(chosen, gradients, *constants)
+        for position, old, new in zip(positions, chosen, updated):
+            values[position] = new.astype(old.dtype)
+        return values, carry, aux
+
+    loop_variables, run = _loop(model, body)
+    all_variables.extend(loop_variables)
+    index = {id(v): i for i, v in enumerate(all_variables)}
+    missing = [v.path for v in variables if id(v) not in index]
+    if missing:
+        raise ValueError(
+            "Expected the variables to adapt to belong to the model. "
+            f"Received variables outside it: {missing}"
+        )
+    positions.extend(index[id(v)] for v in variables)
+
+    def adapt(constants, *sequences):
+        return run((), constants, *sequences)[1]
+
+    return adapt
+
+
 def sync_training_state(model):
     """Puts `fit`'s current state back into the variables (a no-op outside it).
 
