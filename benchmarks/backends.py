@@ -64,12 +64,24 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # === Worker: one backend, in its own process ===
 
 
-def _timed(fn, repeats):
-    times = []
+CPU_TIMES = {}  # measure name -> process CPU seconds of each repeat
+
+
+def _timed(fn, repeats, name=None):
+    """Median wall seconds of `repeats` calls, and all of them.
+
+    The process's CPU time of each call (all its threads, spinning ones
+    included) is kept in `CPU_TIMES[name]`: on a loaded machine the wall
+    time also counts the time the process waited for a core.
+    """
+    times, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    if name is not None:
+        CPU_TIMES[name] = cpu
     return statistics.median(times), times
 
 
@@ -131,15 +143,20 @@ def _measure_cell(args, name, train_ids, test_ids):
     steps = args.train_steps
     model.fit(data, epochs=1, steps_per_epoch=args.warmup_steps, verbose=0)
     median, times = _timed(
-        lambda: model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0), args.repeats
+        lambda: model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0), args.repeats,
+        "train",
     )
     row["train_ms"] = 1000 * median / steps
+    row["train_cpu_ms"] = 1000 * statistics.median(CPU_TIMES["train"]) / steps
     row["train_ms_all"] = [1000 * t / steps for t in times]
     row["tokens_per_s"] = args.batch * args.window / (median / steps)
 
     model.evaluate(data, steps=2, verbose=0)
-    median, times = _timed(lambda: model.evaluate(data, steps=steps, verbose=0), args.repeats)
+    median, times = _timed(
+        lambda: model.evaluate(data, steps=steps, verbose=0), args.repeats, "evaluate"
+    )
     row["evaluate_ms"] = 1000 * median / steps
+    row["evaluate_cpu_ms"] = 1000 * statistics.median(CPU_TIMES["evaluate"]) / steps
     row["evaluate_ms_all"] = [1000 * t / steps for t in times]
     if name == KERAS_LSTM:
         return row
@@ -157,12 +174,16 @@ def _measure_cell(args, name, train_ids, test_ids):
     evaluator.evaluate(warm, verbose=0)
     tokens = len(stream) - 1
     median, times = _timed(
-        lambda: evaluator.evaluate(stream, adapt=False, verbose=0), args.eval_repeats
+        lambda: evaluator.evaluate(stream, adapt=False, verbose=0), args.eval_repeats, "static"
     )
     row["static_ms_per_token"] = 1000 * median / tokens
+    row["static_cpu_ms_per_token"] = 1000 * statistics.median(CPU_TIMES["static"]) / tokens
     row["static_ms_per_token_all"] = [1000 * t / tokens for t in times]
-    median, times = _timed(lambda: evaluator.evaluate(stream, verbose=0), args.eval_repeats)
+    median, times = _timed(
+        lambda: evaluator.evaluate(stream, verbose=0), args.eval_repeats, "dynamic"
+    )
     row["dynamic_ms_per_token"] = 1000 * median / tokens
+    row["dynamic_cpu_ms_per_token"] = 1000 * statistics.median(CPU_TIMES["dynamic"]) / tokens
     row["dynamic_ms_per_token_all"] = [1000 * t / tokens for t in times]
     row["dynamic_over_static"] = row["dynamic_ms_per_token"] / row["static_ms_per_token"]
 
@@ -172,9 +193,10 @@ def _measure_cell(args, name, train_ids, test_ids):
     generator.generate(prompt, len(prompt) + 3, stop_token_ids=None)
     median, times = _timed(
         lambda: generator.generate(prompt, len(prompt) + new, stop_token_ids=None),
-        args.eval_repeats,
+        args.eval_repeats, "generate",
     )
     row["generate_ms_per_token"] = 1000 * median / new
+    row["generate_cpu_ms_per_token"] = 1000 * statistics.median(CPU_TIMES["generate"]) / new
     row["generate_ms_per_token_all"] = [1000 * t / new for t in times]
     return row
 
@@ -196,6 +218,10 @@ def worker(args):
     import keras_mogrifier  # noqa: F401  (the backend's settings, if any)
 
     backend = keras.backend.backend()
+    if args.torch_threads and backend == "torch":
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     train_ids, test_ids = _tokens(args, args.vocabulary)
     names = list(args.cells) + ([KERAS_LSTM] if args.keras_lstm else [])
     rows = []
@@ -347,6 +373,8 @@ def main():
     parser.add_argument("--statistics-steps", type=int, default=20)
     parser.add_argument("--prompt-tokens", type=int, default=20)
     parser.add_argument("--generate-tokens", type=int, default=50)
+    parser.add_argument("--torch-threads", type=int,
+                        help="torch.set_num_threads in the PyTorch worker (default: PyTorch's)")
     parser.add_argument("--data-dir", help="a corpus folder (ptb.{train,test}.txt): real tokens")
     parser.add_argument("--json", help="output (default: benchmarks/results/backends_<load>.json)")
     parser.add_argument("--worker-output", help=argparse.SUPPRESS)

@@ -113,79 +113,50 @@ def model_gradients(model, variables, fn, jit_compile):
     return _stateful(model, traced)
 
 
-def _padded(length, sequences, longest):
-    """`sequences` padded along axis 0 to `longest`, and the `active` flags.
-
-    A compiled loop has a fixed number of iterations; a shorter call runs
-    the same program with its last iterations switched off.
-    """
-    extra = longest - length
-    active = jax.numpy.arange(longest) < length
-    if extra == 0:
-        return active, sequences
-    return active, [
-        jax.numpy.concatenate(
-            [s, jax.numpy.zeros((extra,) + tuple(s.shape[1:]), s.dtype)], axis=0
-        )
-        for s in sequences
-    ]
-
-
 def _loop(model, body):
-    """Runs `body(values, carry, slices) -> (values, carry, output)` in a scan.
+    """Runs `body(values, carry, constants, slices) -> (new_values, carry, output)`.
 
     Returns `run(carry, constants, *sequences) -> (carry, outputs)`: one
-    `jax.lax.scan` over the leading axis of `sequences` (padded to the
-    longest length this function has run, so that a shorter call reuses
-    the program; a padded iteration is skipped by `jax.lax.cond` and
-    changes nothing), the values of the model's variables threaded through
-    it and written back into the variables afterwards.
+    jitted `jax.lax.scan` over the leading axis of `sequences` (compiled
+    once per length). `new_values[i]` is the value the step assigned to the
+    model's variable `i`, or `None`; only the variables a step assigns (the
+    carried state, adapted weights) travel in the scan's carry — found by
+    tracing one step abstractly — and the others are read as constants, so
+    no iteration copies them. The assigned values are written back into
+    the variables afterwards.
     """
     variables = model_state(model)
-    longest = [0]
 
     @jax.jit
-    def traced(values, carry, constants, active, *sequences):
-        def step(state, inputs):
-            values, carry = state
-            on, slices = inputs[0], inputs[1:]
+    def traced(values, carry, constants, *sequences):
+        first = [s[0] for s in sequences]
+        probe = jax.eval_shape(lambda v, c: body(v, c, constants, first)[0], values, carry)
+        assigned = [i for i, new in enumerate(probe) if new is not None]
 
-            def run_step(values, carry):
-                values, carry, output = body(values, carry, constants, slices)
-                return (values, carry), output
+        def step(state, slices):
+            changing, carry = state
+            current = list(values)
+            for i, value in zip(assigned, changing):
+                current[i] = value
+            new_values, carry, output = body(current, carry, constants, slices)
+            return ([new_values[i] for i in assigned], carry), output
 
-            shapes = jax.eval_shape(run_step, values, carry)[1]
-
-            def skip(values, carry):
-                zeros = jax.tree_util.tree_map(
-                    lambda s: jax.numpy.zeros(s.shape, s.dtype), shapes
-                )
-                return (values, carry), zeros
-
-            return jax.lax.cond(on, run_step, skip, values, carry)
-
-        (values, carry), outputs = jax.lax.scan(
-            step, (values, carry), (active,) + tuple(sequences)
-        )
-        return (carry, outputs), values
+        initial = [values[i] for i in assigned]
+        (changing, carry), outputs = jax.lax.scan(step, (initial, carry), tuple(sequences))
+        new_values = [None] * len(values)
+        for i, value in zip(assigned, changing):
+            new_values[i] = value
+        return (carry, outputs), new_values
 
     def run(carry, constants, *sequences):
-        length = int(sequences[0].shape[0])
-        longest[0] = max(longest[0], length)
-        active, sequences = _padded(length, list(sequences), longest[0])
         values = [v.value for v in variables]
-        (carry, outputs), new_values = traced(values, carry, constants, active, *sequences)
-        for variable, old, new in zip(variables, values, new_values):
-            if new is not old:
+        (carry, outputs), new_values = traced(values, carry, constants, *sequences)
+        for variable, new in zip(variables, new_values):
+            if new is not None:
                 variable.assign(new)
-        outputs = jax.tree_util.tree_map(lambda o: o[:length], outputs)
         return carry, outputs
 
     return variables, run
-
-
-def _merged(values, new_values):
-    return [old if new is None else new for old, new in zip(values, new_values)]
 
 
 def model_loop(model, fn, jit_compile):
@@ -196,7 +167,7 @@ def model_loop(model, fn, jit_compile):
         (carry, output), new_values = _in_scope(
             variables, values, fn, (carry, constants) + tuple(slices)
         )
-        return _merged(values, new_values), carry, output
+        return new_values, carry, output
 
     loop_variables, run = _loop(model, body)
     variables.extend(loop_variables)
@@ -221,11 +192,11 @@ def model_adaptation_loop(model, variables, objective, update, jit_compile):
         (_, (aux, new_values)), gradients = jax.value_and_grad(value_of, has_aux=True)(
             chosen
         )
-        values = _merged(values, new_values)
+        new_values = list(new_values)
         updated = update(chosen, gradients, *constants)
         for position, old, new in zip(positions, chosen, updated):
-            values[position] = new.astype(old.dtype)
-        return values, carry, aux
+            new_values[position] = new.astype(old.dtype)
+        return new_values, carry, aux
 
     loop_variables, run = _loop(model, body)
     all_variables.extend(loop_variables)

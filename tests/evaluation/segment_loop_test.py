@@ -162,21 +162,40 @@ def test_adapt_to_in_calls_of_several_segments_holds_the_adapted_weights(per_cal
     assert_same(weight_values(model), trained)
 
 
+class NanAt(keras.layers.Layer):
+    """Turns the embedding of token `bad` into NaN: a segment that diverges."""
+
+    def __init__(self, bad, **kwargs):
+        super().__init__(**kwargs)
+        self.bad = bad
+
+    def call(self, inputs):
+        ids, embedded = inputs
+        hit = keras.ops.expand_dims(keras.ops.equal(ids, self.bad), -1)
+        return keras.ops.where(hit, keras.ops.full_like(embedded, np.nan), embedded)
+
+
 def test_divergence_in_a_call_of_several_segments_names_the_first_bad_segment(per_call):
     from keras_mogrifier.evaluation import DivergenceError
 
-    model = lstm_model()
-    stream = np.random.default_rng(26).integers(0, VOCAB, 31)
+    ids = keras.Input(batch_shape=(1, None), dtype="int32")
+    embedded = keras.layers.Embedding(VOCAB, 5)(ids)
+    hidden = keras.layers.LSTM(6, stateful=True, return_sequences=True)(
+        NanAt(VOCAB - 1)([ids, embedded])
+    )
+    model = keras.Model(ids, keras.layers.Dense(VOCAB)(hidden))
+    stream = np.random.default_rng(26).integers(0, VOCAB - 1, 31)
+    stream[17] = VOCAB - 1  # read as input at segment 3 (tokens 16-20)
     weights = weight_values(model)
-    ev = DynamicEvaluator(model, learning_rate=1e30, decay_rate=0.0, update_rule="sgd")
+    ev = DynamicEvaluator(model, learning_rate=1e-3, decay_rate=0.0, update_rule="sgd")
     per_call(6)
-    one_each = None
     with pytest.raises(DivergenceError) as chunked:
         ev.evaluate(stream, verbose=0)
     assert_same(weight_values(model), weights)
     with pytest.raises(DivergenceError) as one_each:
         ev.evaluate(stream, verbose=0, callbacks=[keras.callbacks.Callback()])
     assert str(chunked.value) == str(one_each.value)
+    assert "segment 3" in str(chunked.value)
 
 
 @pytest.mark.parametrize("cell", ["lstm", "mogrifier_rlstm"])
@@ -239,7 +258,7 @@ def test_model_loop_carries_the_models_state_and_the_carry():
     np.testing.assert_allclose(to_numpy(carry), 3.0)
     np.testing.assert_allclose(to_numpy(outputs), 2 * np.cumsum(xs, axis=0))
     np.testing.assert_allclose(to_numpy(model.total), 2 * xs.sum(axis=0))
-    # A shorter call after a longer one (JAX pads it) changes only its own steps.
+    # A shorter call after a longer one changes only its own steps.
     carry, outputs = run(keras.ops.zeros(()), one, xs[:1])
     np.testing.assert_allclose(to_numpy(carry), 1.0)
     np.testing.assert_allclose(to_numpy(outputs), [2 * xs.sum(axis=0) + 2 * xs[0]])
