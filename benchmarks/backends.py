@@ -3,8 +3,9 @@
 Each backend runs in its own process, one after the other (never two at
 once), on the same settings: a `LanguageModel` over a V = 10k vocabulary,
 2 × 256 units, batch 32, window 35, dropout 0.3 (input, state, output),
-`IWAEDropoutLoss`, Adam, for every cell (`lstm`, `rlstm`,
-`mogrifier_lstm`, `mogrifier_rlstm`: 5 rounds of rank 32). Per cell it
+`IWAEDropoutLoss`, Adam, for each cell of `--cells` (`lstm`, `rlstm`,
+`mogrifier_rlstm` by default; `mogrifier_lstm` too on request; the
+Mogrifier with 5 rounds of rank 32). Per cell it
 measures, after a warm-up:
 
 - `train_ms`: one step of `LanguageModel.fit` (median of `--repeats` fits
@@ -25,13 +26,26 @@ only): Keras's own recurrent path on the same backend, the reference.
 
 The table gives each figure per backend, the step time over the fastest
 backend's for the same cell (`step / fastest`), and dynamic over static
-evaluation per backend. `--load N` runs N busy processes (a pure Python
-spin, one core each) beside every backend's worker: what a backend costs
-on a machine that is not quiet. The machine, its load average before and
-after, and the thread settings each backend ran with are stored with the
-results (`benchmarks/results/backends_*.json`).
+evaluation per backend.
+
+Then the cells against `keras.layers.LSTM` (`--gap-backends`, all three by
+default; `gap_worker`): `Input(32, 35, 400) -> layer -> Dense(1)`, MSE,
+SGD, `jit_compile=False` (TensorFlow without XLA), the package's
+full-sequence layers (`MogrifierLSTM` r = 0 capped and uncapped, `RLSTM`,
+`MogrifierLSTM` and `RLSTM` with 5 rounds of rank 32) timed interleaved with
+Keras's LSTM in one process, as ratios of median steps; `--gap-runs`
+processes per backend (2).
+
+`--load N` runs N busy processes (a pure Python spin, one core each) beside
+every worker: what a backend costs on a machine that is not quiet. The
+machine, its load average before and after every worker, and the thread
+settings each backend ran with are stored with the results
+(`benchmarks/results/backends_quiet.json`, `backends_load<N>.json`).
+`--quick` runs a few steps and tokens of everything (a check that it runs,
+`backends_quick.json`; its timings are too short to report).
 
     python benchmarks/backends.py                                # quiet
+    python benchmarks/backends.py --quick                        # does it run?
     python benchmarks/backends.py --load 1                       # one busy process
     python benchmarks/backends.py --backends torch --cells rlstm --repeats 3
     python benchmarks/backends.py --data-dir ../shared/data/ptb  # PTB tokens
@@ -57,6 +71,8 @@ CELLS = {
     "mogrifier_lstm": {"cell": "mogrifier_lstm", "mogrifier_rounds": 5, "mogrifier_rank": 32},
     "mogrifier_rlstm": {"cell": "mogrifier_rlstm", "mogrifier_rounds": 5, "mogrifier_rank": 32},
 }
+# `mogrifier_lstm` too with `--cells` (a quarter more time).
+DEFAULT_CELLS = ("lstm", "rlstm", "mogrifier_rlstm")
 KERAS_LSTM = "keras.layers.LSTM"
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -201,6 +217,77 @@ def _measure_cell(args, name, train_ids, test_ids):
     return row
 
 
+GAP_CONFIGS = (
+    "keras.layers.LSTM",
+    "MogrifierLSTM r=0",
+    "MogrifierLSTM r=0 uncapped",
+    "RLSTM",
+    "MogrifierLSTM r=5 k=32",
+    "RLSTM r=5 k=32",
+)
+
+
+def _gap_layer(name, units):
+    import keras
+
+    import keras_mogrifier as km
+
+    if name == "keras.layers.LSTM":
+        return keras.layers.LSTM(units, return_sequences=True)
+    if name.startswith("MogrifierLSTM"):
+        rounds = 0 if "r=0" in name else 5
+        return km.MogrifierLSTM(
+            units, mogrifier_rounds=rounds, mogrifier_rank=32,
+            capped_input_gate="uncapped" not in name, return_sequences=True,
+        )
+    rounds = 0 if name == "RLSTM" else 5
+    return km.RLSTM(units, mogrifier_rounds=rounds, mogrifier_rank=32, return_sequences=True)
+
+
+def gap_worker(args):
+    """The cells against `keras.layers.LSTM`: ratios of median step times.
+
+    Each configuration is `Input(batch, steps, units) -> layer (the whole
+    sequence) -> Dense(1)`, mean squared error, SGD, trained with
+    `train_on_batch` on random data; `jit_compile=False` (TensorFlow
+    without XLA; JAX compiles its step anyway). The configurations are
+    timed interleaved, `--gap-rounds` rounds of `--gap-steps` steps each,
+    after two warm-up steps, and each is reported as the ratio of its
+    median step to that of `keras.layers.LSTM` in the same process.
+    """
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    units, batch, steps = args.gap_units, args.gap_batch, args.gap_window
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch, steps, units)).astype("float32")
+    y = rng.normal(size=(batch, steps, 1)).astype("float32")
+    models = {}
+    for name in GAP_CONFIGS:
+        inputs = keras.Input(batch_shape=(batch, steps, units))
+        outputs = keras.layers.Dense(1)(_gap_layer(name, units)(inputs))
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer="sgd", loss="mse", jit_compile=False)
+        for _ in range(2):
+            model.train_on_batch(x, y)
+        models[name] = model
+    samples = {name: [] for name in GAP_CONFIGS}
+    for _ in range(args.gap_rounds):
+        for name, model in models.items():
+            for _ in range(args.gap_steps):
+                start = time.perf_counter()
+                model.train_on_batch(x, y)
+                samples[name].append(time.perf_counter() - start)
+    base = statistics.median(samples["keras.layers.LSTM"])
+    return [
+        {"config": name, "step_ms": 1000 * statistics.median(samples[name]),
+         "ratio_vs_keras_lstm": statistics.median(samples[name]) / base,
+         "step_ms_all": [1000 * t for t in samples[name]]}
+        for name in GAP_CONFIGS
+    ]
+
+
 def _thread_settings(backend):
     settings = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
     if backend == "torch":
@@ -222,6 +309,17 @@ def worker(args):
         import torch
 
         torch.set_num_threads(args.torch_threads)
+    versions = {"keras": keras.__version__}
+    module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}[backend]
+    versions[module] = __import__(module).__version__
+    if args.gap_worker:
+        with open(args.worker_output, "w") as f:
+            json.dump(
+                {"backend": backend, "versions": versions,
+                 "threads": _thread_settings(backend), "rows": gap_worker(args)},
+                f, indent=2,
+            )
+        return
     train_ids, test_ids = _tokens(args, args.vocabulary)
     names = list(args.cells) + ([KERAS_LSTM] if args.keras_lstm else [])
     rows = []
@@ -234,9 +332,6 @@ def worker(args):
         ), file=sys.stderr, flush=True)
         rows.append(row)
         keras.backend.clear_session()
-    versions = {"keras": keras.__version__}
-    module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}[backend]
-    versions[module] = __import__(module).__version__
     with open(args.worker_output, "w") as f:
         json.dump(
             {"backend": backend, "versions": versions,
@@ -350,10 +445,69 @@ def print_table(results):
             print(f"| {result['backend']} | {shown} | {max(r for _, r in ratios):.2f} |")
 
 
+# Settings that `--quick` shrinks (a check that the script runs, minutes on
+# a quiet machine; its timings are too short to report): name -> (full, quick).
+SIZES = {
+    "warmup_steps": (3, 1),
+    "train_steps": (10, 2),
+    "repeats": (3, 1),
+    "eval_tokens": (1500, 40),
+    "eval_repeats": (2, 1),
+    "statistics_steps": (20, 2),
+    "generate_tokens": (50, 3),
+    "gap_rounds": (3, 1),
+    "gap_steps": (5, 2),
+    "gap_runs": (2, 1),
+}
+
+
+def _machine():
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                model,
+            )
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "processor": model,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def print_gap_table(gap):
+    backends = list(gap)
+    print("| configuration | " + " | ".join(
+        f"{b} × keras LSTM (runs)" for b in backends) + " |")
+    print("| --- |" + " ---: |" * len(backends))
+    for name in GAP_CONFIGS:
+        cells = []
+        for b in backends:
+            ratios = [
+                row["ratio_vs_keras_lstm"] for run in gap[b] for row in run["rows"]
+                if row["config"] == name
+            ]
+            cells.append("–".join(f"{r:.2f}" for r in sorted(ratios)))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    for b in backends:
+        ms = [
+            row["step_ms"] for run in gap[b] for row in run["rows"]
+            if row["config"] == "keras.layers.LSTM"
+        ]
+        print(f"keras.layers.LSTM step on {b}: " + ", ".join(f"{m:.1f} ms" for m in ms))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a few steps and tokens of everything: checks that it runs")
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
-    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    parser.add_argument("--cells", nargs="+", default=list(DEFAULT_CELLS), choices=list(CELLS))
     parser.add_argument("--keras-lstm", action="store_true",
                         help="also time the model with keras.layers.LSTM layers")
     parser.add_argument("--load", type=int, default=0,
@@ -363,54 +517,77 @@ def main():
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--window", type=int, default=35)
     parser.add_argument("--dropout", type=float, default=0.3)
-    parser.add_argument("--warmup-steps", type=int, default=3)
-    parser.add_argument("--train-steps", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--eval-tokens", type=int, default=1500)
-    parser.add_argument("--eval-repeats", type=int, default=2)
     parser.add_argument("--segment-length", type=int, default=5)
     parser.add_argument("--statistics-batch", type=int, default=20)
-    parser.add_argument("--statistics-steps", type=int, default=20)
     parser.add_argument("--prompt-tokens", type=int, default=20)
-    parser.add_argument("--generate-tokens", type=int, default=50)
+    for name, (full, quick) in SIZES.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=int,
+                            help=f"default {full} ({quick} with --quick)")
+    parser.add_argument("--gap-backends", nargs="*", default=list(BACKENDS), choices=BACKENDS,
+                        help="backends of the cells-vs-keras.layers.LSTM comparison "
+                             "(none: skip it)")
+    parser.add_argument("--gap-units", type=int, default=400)
+    parser.add_argument("--gap-batch", type=int, default=32)
+    parser.add_argument("--gap-window", type=int, default=35)
     parser.add_argument("--torch-threads", type=int,
                         help="torch.set_num_threads in the PyTorch worker (default: PyTorch's)")
     parser.add_argument("--data-dir", help="a corpus folder (ptb.{train,test}.txt): real tokens")
-    parser.add_argument("--json", help="output (default: benchmarks/results/backends_<load>.json)")
+    parser.add_argument("--json", help="output (default: benchmarks/results/backends_quiet.json, "
+                        "backends_load<N>.json with --load N, backends_quick.json with --quick)")
     parser.add_argument("--worker-output", help=argparse.SUPPRESS)
-    args, _ = parser.parse_known_args()
+    parser.add_argument("--gap-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    for name, (full, quick) in SIZES.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.worker_output:
         worker(args)
         return
     argv = [a for a in sys.argv[1:]]
-    started = {"load_average": _load_average(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    started = {"load_average": _load_average(), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    clock = time.perf_counter()
     results = [run_backend(b, argv, args.load) for b in args.backends]
     summarise(results)
+    gap = {
+        b: [run_backend(b, argv + ["--gap-worker"], args.load) for _ in range(args.gap_runs)]
+        for b in args.gap_backends
+    }
     setting = (
         f"LanguageModel V={args.vocabulary}, 2 × {args.units}, batch {args.batch}, "
-        f"window {args.window}, dropout {args.dropout}, IWAEDropoutLoss, Adam; evaluation "
+        f"window {args.window}, dropout {args.dropout}, IWAEDropoutLoss, Adam; train step "
+        f"= median of {args.repeats} fits of {args.train_steps} steps; evaluation "
         f"on {args.eval_tokens} tokens, batch 1, segments of {args.segment_length}; "
         f"{args.load} busy process(es) beside each backend"
     )
+    gap_setting = (
+        f"Input({args.gap_batch}, {args.gap_window}, {args.gap_units}) -> layer (whole "
+        f"sequence) -> Dense(1), MSE, SGD, jit_compile=False, {args.gap_rounds} rounds × "
+        f"{args.gap_steps} steps interleaved, {args.gap_runs} run(s) (processes) per backend"
+    )
     print(setting)
     print_table(results)
-    machine = {
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "python": platform.python_version(),
-    }
-    path = args.json or os.path.join(
-        RESULTS, "backends_quiet.json" if args.load == 0 else f"backends_load{args.load}.json"
+    if gap:
+        print()
+        print(gap_setting)
+        print_gap_table(gap)
+    if args.quick:
+        print("\n--quick: a check that everything runs; these timings are too short to report")
+    default = (
+        "backends_quick.json" if args.quick
+        else "backends_quiet.json" if args.load == 0 else f"backends_load{args.load}.json"
     )
+    path = args.json or os.path.join(RESULTS, default)
     with open(path, "w") as f:
         json.dump(
-            {"setting": setting, "command": "python benchmarks/backends.py " + " ".join(argv),
-             "machine": machine, "started": started, "finished_load_average": _load_average(),
-             "results": results},
+            {"setting": setting, "gap_setting": gap_setting,
+             "command": "python benchmarks/backends.py " + " ".join(argv),
+             "quick": args.quick, "machine": _machine(), "started": started,
+             "finished_load_average": _load_average(),
+             "seconds": time.perf_counter() - clock,
+             "results": results, "gap": gap},
             f, indent=2,
         )
-    print(f"wrote {path}")
+    print(f"wrote {path} ({(time.perf_counter() - clock) / 60:.1f} min)")
 
 
 if __name__ == "__main__":

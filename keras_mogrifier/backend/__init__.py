@@ -19,6 +19,20 @@ Each backend module implements the same functions:
   `(*tensors) -> (aux, gradients)`, the gradients of the scalar objective
   with respect to `variables` (dense, in their shapes, zeros where unused);
   variable assignments inside `fn` are kept, as above.
+- `model_loop(model, fn, jit_compile)`: compiles a loop and returns
+  `run(carry, constants, *sequences) -> (carry, outputs)`: `fn(carry,
+  constants, *slices) -> (carry, output)` runs for every index of the
+  sequences' leading axis, in order, in one call (no host round trip
+  between iterations); each iteration sees the variable values the
+  previous one assigned (the carried state), and `outputs` stacks the
+  iterations' outputs. Many segments of a stream per call.
+- `model_adaptation_loop(model, variables, objective, update,
+  jit_compile)`: returns `adapt(constants, *sequences) -> outputs`: for
+  every index in order, `objective(*slices) -> (value, aux)` and the
+  gradients of `value` with respect to `variables`, then
+  `update(values, gradients, *constants) -> new values` assigned to
+  `variables`, in one call; `outputs` stacks the `aux` of every index.
+  Dynamic evaluation of many segments per call.
 - `sync_training_state(model)`: makes the model's variables hold the
   current training state inside `fit` (JAX keeps it outside the variables
   between steps), so that a callback can read or change them; the next
@@ -45,6 +59,9 @@ Each backend module implements the same functions:
   elements go through `check(index, numpy_element)` on the host before
   they are used (one implementation, `_shared.py`: tf.data is
   TensorFlow's on every backend).
+
+A module may also offer leaner versions of two Keras functions, used when
+present (`sparse_crossentropy` and `rnn` below): PyTorch's does.
 
 `get_backend_module()` returns the module of the active backend; importing
 this package imports no backend library.
