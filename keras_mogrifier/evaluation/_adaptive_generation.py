@@ -102,16 +102,13 @@ def continue_document(
                 _recurrent_state.assign(states, start_state)
                 x = tokens[None, segment_start : position + 1]
                 y = tokens[None, segment_start + 1 : position + 2]
-                _, gradients = evaluator._step("gradients", variables)(
-                    ops.convert_to_tensor(x), ops.convert_to_tensor(y),
-                    ops.convert_to_tensor(np.full((1, n), 1.0 / n, "float32")),
+                # One segment of the adaptation loop: its loss, gradient and
+                # update (toward the block's prior) in one compiled call.
+                evaluator._step("adaptation_loop", variables)(
+                    (block["prior"], rms, hyperparameters),
+                    ops.convert_to_tensor(x[None]), ops.convert_to_tensor(y[None]),
+                    ops.convert_to_tensor(np.full((1, 1, n), 1.0 / n, "float32")),
                 )
-                thetas = [ops.convert_to_tensor(v.value) for v in variables]
-                new = evaluator._step("update", variables)(
-                    thetas, gradients, block["prior"], rms, hyperparameters
-                )
-                for variable, value in zip(variables, new):
-                    variable.assign(value)
                 segment_start = position + 1
                 start_state = _recurrent_state.snapshot(states)
     finally:

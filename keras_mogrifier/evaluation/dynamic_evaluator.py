@@ -9,10 +9,12 @@ from keras import ops
 
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
+from keras_mogrifier.backend import sparse_crossentropy
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation import _adaptive_generation
 from keras_mogrifier.evaluation import update_rules
 from keras_mogrifier.evaluation._stream_scoring import progress_verbosity
+from keras_mogrifier.evaluation._stream_scoring import SEGMENTS_PER_CALL
 from keras_mogrifier.evaluation._stream_scoring import score_stream
 from keras_mogrifier.generation import text as text_lib
 
@@ -717,48 +719,52 @@ class DynamicEvaluator(keras.callbacks.Callback):
         _check_output(model, batch_size, self.segment_length)
 
         settings = self.settings()
+        # Many segments per compiled call (no host round trip between them),
+        # unless callbacks were given: they see the model after every
+        # segment, so each segment is then a call of its own.
+        per_call = 1 if callbacks else SEGMENTS_PER_CALL
         if not adapt:
-            forward_step = self._step("forward", [])
+            forward_loop = self._step("forward_loop", [])
 
-            def score_segment(x, y, w, group, segment):
-                return _numpy(forward_step(ops.convert_to_tensor(x), ops.convert_to_tensor(y)))
+            def score_segments(x, y, w, group, first):
+                _, losses = forward_loop(
+                    (), (), ops.convert_to_tensor(x), ops.convert_to_tensor(y)
+                )
+                return _numpy(losses)
 
             results, token_losses = score_stream(
-                model, streams, batch_size, self.segment_length, score_segment,
+                model, streams, batch_size, self.segment_length, score_segments,
                 callbacks=callbacks, verbose=verbose,
                 stop_on_divergence=stop_on_divergence, settings=settings,
+                segments_per_call=per_call,
             )
         else:
-            gradient_step = self._step("gradients", variables)
-            update = self._step("update", variables)
+            adaptation_loop = self._step("adaptation_loop", variables)
             theta_g = _recurrent_state.snapshot(variables)
+            constants = (theta_g, rms, hyperparameters)
 
             def start_group(group):
                 # Every stream (group of streams) starts from θ_g.
                 if group > 0:
                     _recurrent_state.assign(variables, theta_g)
 
-            def score_segment(x, y, w, group, segment):
+            def score_segments(x, y, w, group, first):
                 # Each stream's mean segment loss; their sum is the objective,
                 # so a per-stream matrix gets its own stream's gradient.
-                v = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
-                token_losses, gradients = gradient_step(
-                    ops.convert_to_tensor(x), ops.convert_to_tensor(y),
+                v = w / np.maximum(w.sum(axis=-1, keepdims=True), 1.0)
+                return _numpy(adaptation_loop(
+                    constants, ops.convert_to_tensor(x), ops.convert_to_tensor(y),
                     ops.convert_to_tensor(v),
-                )
-                thetas = [ops.convert_to_tensor(v.value) for v in variables]
-                new = update(thetas, gradients, theta_g, rms, hyperparameters)
-                for variable, value in zip(variables, new):
-                    variable.assign(value)
-                return _numpy(token_losses)
+                ))
 
             completed = False
             try:
                 results, token_losses = score_stream(
-                    model, streams, batch_size, self.segment_length, score_segment,
+                    model, streams, batch_size, self.segment_length, score_segments,
                     start_group=start_group, callbacks=callbacks, verbose=verbose,
                     stop_on_divergence=stop_on_divergence, settings=settings,
                     keep_final_state=keep_adapted,
+                    segments_per_call=per_call,
                 )
                 completed = True
             finally:
@@ -945,11 +951,15 @@ class DynamicEvaluator(keras.callbacks.Callback):
     def _step(self, kind, variables, per_stream=None):
         """The compiled function `kind` for `variables`, built once per model.
 
-        - `"forward"`: `(x, y) -> token losses`, the model in inference mode
-          (its carried state is updated);
+        - `"forward_loop"`: `((), (), x, y) -> ((), token losses)` for
+          `K` segments `(K, batch, n)` in order, the model in inference mode
+          (its carried state is updated from segment to segment);
         - `"gradients"`: `(x, y, v) -> (token losses, gradients)`, the
           gradients of `Σ v ⊙ token losses` with respect to `variables`;
-        - `"update"`: the update rule over all `variables`;
+        - `"adaptation_loop"`: `((θ_g, RMS, hyperparameters), x, y, v) ->
+          token losses` for `K` segments in order: each scored, then
+          `variables` updated by the update rule from the gradient of
+          `Σ v ⊙ token losses`, inside one compiled call;
         - `"accumulate"`: adds the squared gradients to the accumulators
           (summed over the stream axis of per-stream variables first).
         """
@@ -964,10 +974,12 @@ class DynamicEvaluator(keras.callbacks.Callback):
         if key in self._steps:
             return self._steps[key]
         backend = self._backend
-        if kind == "forward":
-            built = backend.model_function(
-                model, lambda x, y: _token_losses(model, x, y), jit
-            )
+        if kind == "forward_loop":
+
+            def forward(carry, constants, x, y):
+                return carry, _token_losses(model, x, y)
+
+            built = backend.model_loop(model, forward, jit)
         elif kind == "gradients":
 
             def objective(x, y, v):
@@ -975,8 +987,12 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 return ops.sum(token_losses * v), token_losses
 
             built = backend.model_gradients(model, variables, objective, jit)
-        elif kind == "update":
+        elif kind == "adaptation_loop":
             rule = update_rules.get(self.update_rule)
+
+            def objective(x, y, v):
+                token_losses = _token_losses(model, x, y)
+                return ops.sum(token_losses * v), token_losses
 
             def update(thetas, gradients, theta_g, rms, hyperparameters):
                 return [
@@ -984,8 +1000,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
                     for t, g, tg, r in zip(thetas, gradients, theta_g, rms)
                 ]
 
-            # Memory-bound elementwise work: fused with XLA where possible.
-            built = backend.function(update, jit_compile=True)
+            built = backend.model_adaptation_loop(model, variables, objective, update, jit)
         else:
             flags = tuple(per_stream)
 
@@ -1029,7 +1044,7 @@ def _check_output(model, batch_size, time):
 def _token_losses(model, x, y):
     """Sparse cross-entropy of every token, float32, dropout off."""
     logits = ops.cast(model(x, training=False), "float32")
-    return ops.sparse_categorical_crossentropy(y, logits, from_logits=True)
+    return sparse_crossentropy(y, logits)
 
 
 def _numpy(tensor):
