@@ -210,6 +210,8 @@ def test_with_options_copies_weights():
 def test_with_options_temperature_computes_with_the_new_temperature():
     model = LanguageModel(V, units=N, batch_size=B, temperature=0.9)
     ids = _ids()
+    model(ids)  # built: the copies take its weights
+    model.reset_states()
     plain = model.with_options(temperature=1.0)
     hot = model.with_options(temperature=0.5)
     same = model.with_options(batch_size=1)
