@@ -57,6 +57,14 @@ if [ ${#backend_list[@]} -gt 1 ] && [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; 
   jobs_default=2
 fi
 jobs=${TEST_JOBS:-$jobs_default}
+# Side by side, each backend keeps to one thread: PyTorch's default pool
+# spins while it waits, and beside another busy process a step took several
+# times as long (docs/scaling.md, "PyTorch's threads on a shared machine").
+if [ "$jobs" -gt 1 ]; then
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+  export TF_NUM_INTRAOP_THREADS="${TF_NUM_INTRAOP_THREADS:-1}"
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+fi
 
 failed=()
 if [ "$jobs" -le 1 ]; then
