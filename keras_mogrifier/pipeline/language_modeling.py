@@ -265,6 +265,7 @@ def dynamic_evaluation(
     log=print,
     verbose=0,
     curve=False,
+    evaluate_valid=False,
 ):
     """Dynamic evaluation of the test stream, tuned on a slice of valid.
 
@@ -280,7 +281,8 @@ def dynamic_evaluation(
     `DivergenceError`): returns `None`, after saying why, when every setting
     diverges, so no non-finite number is ever reported. Every phase is
     logged as it ends (one line per tuning pass); `verbose=1` also shows a
-    progress bar with an ETA during each pass.
+    progress bar with an ETA during each pass. With `evaluate_valid`, the
+    chosen setting also evaluates the whole validation stream (`valid`).
 
     Returns:
         `None`, or a dict with `test` (the dict of `DynamicEvaluator.evaluate`),
@@ -288,8 +290,10 @@ def dynamic_evaluation(
         the static perplexity of the same slice as `static_perplexity`),
         `results` (every tuning pass), the chosen `learning_rate`,
         `decay_rate`, `epsilon`, `segment_length`, the statistics'
-        `statistics_tokens`, and with `curve` the per-token test losses of
-        the dynamic pass (`test_token_losses`).
+        `statistics_tokens`, with `curve` the per-token test losses of
+        the dynamic pass (`test_token_losses`), and with `evaluate_valid`
+        `valid` (the dict of `DynamicEvaluator.evaluate`, or `None` if the
+        setting diverged there).
     """
     evaluation_model = model.with_options(batch_size=statistics_batch_size, samples=1)
     evaluator = DynamicEvaluator(evaluation_model, segment_length=segment_length)
@@ -395,6 +399,19 @@ def dynamic_evaluation(
         }
         if curve:
             result["test_token_losses"] = test.pop("token_losses")[0]
+        if evaluate_valid:
+            start = time.time()
+            try:
+                result["valid"] = evaluator.evaluate(corpus.valid, verbose=bar)
+            except DivergenceError as error:
+                result["valid"] = None
+                log(f"dynamic evaluation of valid diverged at token {error.token}")
+            else:
+                log(
+                    f"dynamic evaluation of valid ({result['valid']['num_tokens']:,} "
+                    f"tokens, 1 stream): perplexity {result['valid']['perplexity']:.2f} "
+                    f"({time.time() - start:.0f} s)"
+                )
         return result
     log("dynamic evaluation skipped: every tuned setting diverged on the test stream")
     return None
@@ -754,6 +771,8 @@ def run_experiment(
             )
     if dyn is not None:
         results["test_dynamic_perplexity"] = float(dyn["test"]["perplexity"])
+        if dyn.get("valid") is not None:
+            results["valid_dynamic_perplexity"] = float(dyn["valid"]["perplexity"])
         results["dynamic_gain"] = 1.0 - (
             results["test_dynamic_perplexity"] / results["test_perplexity_one_stream"]
         )
