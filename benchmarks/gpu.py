@@ -112,11 +112,16 @@ def _versions():
         import jax
 
         versions["devices"] = [str(d) for d in jax.devices()]
+        versions["jax_default_matmul_precision"] = str(
+            jax.config.jax_default_matmul_precision
+        )
     if backend == "torch":
         import torch
 
         versions["cuda"] = torch.version.cuda
         versions["cudnn"] = torch.backends.cudnn.version()
+        versions["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+        versions["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
         versions["devices"] = (
             [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
             if torch.cuda.is_available() else ["cpu"]
@@ -190,11 +195,21 @@ def _measure_cell(args, name, train_ids, test_ids, path, backend, deadline):
     evaluator.collect_gradient_statistics(
         train_ids, batch_size=args.statistics_batch, steps=args.statistics_steps
     )
-    # The warm-up pass is over the same stream: the evaluator scores up to
-    # 64 segments per compiled call, and each call length compiles once.
+    # The evaluator scores up to SEGMENTS_PER_CALL (64) segments per compiled
+    # call, and each call length compiles once: the warm-up stream has one
+    # full call and the timed stream's last, shorter one (1,500 tokens: 300
+    # segments = 4 × 64 + 44; warm-up 64 + 44 segments).
+    try:
+        from keras_mogrifier.evaluation._stream_scoring import SEGMENTS_PER_CALL
+    except ImportError:
+        SEGMENTS_PER_CALL = 64
+    segments = (len(stream) - 1) // args.segment_length
+    last = segments % SEGMENTS_PER_CALL
+    warm_segments = min(segments, SEGMENTS_PER_CALL + last)
+    warm_ids = stream[: warm_segments * args.segment_length + 1]
     warm = time.perf_counter()
-    evaluator.evaluate(stream, adapt=False, verbose=0)
-    evaluator.evaluate(stream, verbose=0)
+    evaluator.evaluate(warm_ids, adapt=False, verbose=0)
+    evaluator.evaluate(warm_ids, verbose=0)
     row["evaluation_warmup_seconds"] = time.perf_counter() - warm
     tokens = len(stream) - 1
     row["eval_tokens"] = tokens
