@@ -48,9 +48,8 @@ run_backend() {
 
 # TEST_JOBS backends at once (default: 2 with several backends and at least
 # 2 cores, else 1). Most of a test's time is tracing and compiling, one
-# thread each, so two backends side by side on 2 cores take about 60 % of
-# the time of one after the other. Each backend's output is kept apart and
-# printed whole when it ends.
+# thread at a time, so a second backend uses the core the first leaves
+# idle. Each backend's output is kept apart and printed whole when it ends.
 read -r -a backend_list <<< "$backends"
 jobs_default=1
 if [ ${#backend_list[@]} -gt 1 ] && [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; then
