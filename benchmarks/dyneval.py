@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -191,7 +192,11 @@ def main():
         print(f"| {row['configuration']:<34} | {row['tokens_per_second']:8.0f} | {ratio:>16} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"arguments": vars(args), "rows": rows}, f, indent=2)
+            json.dump({"command": "python " + " ".join(sys.argv),
+                       "backend": keras.backend.backend(),
+                       # Timings on a shared machine: its load, 1/5/15 min.
+                       "load_average_at_end": list(os.getloadavg()),
+                       "arguments": vars(args), "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

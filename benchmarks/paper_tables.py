@@ -104,6 +104,10 @@ NOT_SEARCHED = ("embedding_ratio", "chrono_t_max", "mixture_of_softmaxes",
 # final training 4150: it would hold every row's learning rate far below the
 # searched one for most of the run.
 OPTIMIZER = "adam"
+# Adam's ε: Keras's default 1e-7, which every row of the recorded study ran
+# with (the hypermodel's default became lamb's 1e-8/T afterwards, see
+# docs/units.md); fixed here so that resumed and re-trained rows keep it.
+ADAM_EPSILON = 1e-7
 LAMB_L2 = 2.5e-4  # lamb's PTB l2_penalty (SPEC §7), on its summed loss
 LAMB_CLIP = 10.0  # lamb's max_grad_norm, on its summed loss
 DROP_STATE_PROBABILITY = 0.01  # every released lamb config (SPEC §6)
@@ -215,6 +219,7 @@ def fixed_training(settings, epochs, steps_per_epoch):
     return {
         "optimizer": settings["optimizer"],
         "beta_1": settings["beta_1"],
+        "epsilon": ADAM_EPSILON,
         "global_clipnorm": settings["global_clipnorm"],
         "cosine_decay_steps": epochs * steps_per_epoch,
         "jit_compile": "auto",
@@ -469,7 +474,11 @@ def train_final(row, corpus, settings, seed, epochs, checkpoint_dir, dynamic):
         checkpoint_dir=checkpoint_dir,
         resume=resume,
         dynamic=dynamic,
-        dynamic_options=dict(settings["dynamic_evaluation"]),
+        # The evaluator's own ε (2e-5), as the recorded study ran, and the
+        # tuned setting on the whole validation stream too.
+        dynamic_options=dict(
+            settings["dynamic_evaluation"], epsilon=None, evaluate_valid=True
+        ),
         verbose=2,
         log=lambda line: log(f"{row['name']} seed {seed}: {line}") if line else None,
         callbacks=[_EpochRecord(record)],
@@ -498,7 +507,7 @@ def train_final(row, corpus, settings, seed, epochs, checkpoint_dir, dynamic):
     }
     if "test_dynamic_perplexity" in results:
         figures["dynamic"] = {
-            "valid": results["valid_dynamic_perplexity"],
+            "valid": results.get("valid_dynamic_perplexity"),
             "test": results["test_dynamic_perplexity"],
             "learning_rate": results["dynamic_learning_rate"],
             "decay_rate": results["dynamic_decay_rate"],

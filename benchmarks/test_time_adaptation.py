@@ -1,21 +1,32 @@
 """Krause et al.'s ladder of test-time adaptation on a trained PTB model.
 
 Every rung is tuned on the same validation slice the same way (one pass per
-setting: the learning rate first, at the middle of the rung's decay grid,
-then the decay rate, as Krause et al. do; every learning rate at λ = 0 for
-the rungs without a prior;
-for the cache λ and θ from one pass), then scores the **whole** test split as
-one stream (batch 1, state carried):
+setting: the learning rate first, at the middle of the shared decay grid,
+then the decay rate at the best learning rate, as Krause et al. do; every
+learning rate at λ = 0 for the rungs without a prior; for the cache λ and θ
+from one pass), then scores the **whole** test split as one stream (batch 1,
+state carried):
 
 | rung | rule | n |
 | --- | --- | --- |
 | static | no adaptation | 5 |
-| traditional | `sgd`, λ = 0 (Krause eq. 2, Mikolov) | 1 |
+| traditional | `sgd`, λ = 0 (Mikolov's, described in Krause §4-5: n = 1 in eq. 2) | 1 |
 | sgd n=5 | `sgd`, λ = 0 | 5 |
 | sgd + global prior | `sgd` (eq. 4) | 5 |
 | RMS + global prior | `rms_global_prior` (eq. 6) | 5 |
 | RMS + RMS prior | `rms_rms_prior` (eq. 8, the default) | 5 |
-| neural cache | `NeuralCache` (eq. 3), window 2000 | 35 per pass |
+| neural cache | `NeuralCache` (eq. 3), window 2000 | 5, as dynamic evaluation |
+
+Rules that share a parameter search it on the same grid: one η grid for the
+three SGD rungs, one for the two RMS rungs (their η differ in scale), one λ
+grid for the three rungs with a prior (λ is the fraction of `θ_g − θ`
+restored per segment in eq. 4 and 6, and for an element of average RMS in
+eq. 8). A best value at either end of its grid is not a tuned value: the
+grid is then widened in that direction by its end ratio, one value at a
+time, until the best value is interior (at most `--max-widening` times;
+the JSON records every value tried and whether the best ended interior).
+The cache is scored in segments of the dynamic-evaluation length, so its
+time per token compares like for like.
 
 It prints a table (test perplexity, gain over static, seconds and ms per
 token of the test pass), writes it as JSON, draws a bar chart, and the static
@@ -25,12 +36,14 @@ vs dynamic (eq. 8) loss along the test stream (moving average).
         --data-dir ../shared/data/ptb --json benchmarks/results/ladder.json \\
         --plots docs
 
-Timings are wall-clock on whatever else the machine is doing: run it on a
-quiet machine when the times matter (the perplexities do not depend on it).
+Timings are wall-clock on whatever else the machine is doing (the JSON
+records the load): run it on a quiet machine when the times matter (the
+perplexities do not depend on it).
 """
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -43,17 +56,95 @@ import numpy as np  # noqa: E402
 
 import keras_mogrifier as km  # noqa: E402
 from keras_mogrifier.data import load_corpus  # noqa: E402
+from keras_mogrifier.evaluation import search_dynamic_evaluation  # noqa: E402
+
+# Shared grids (see the docstring). The previous run's best values (SGD
+# η 0.3 at the top, eq. 8 λ 1e-3 at the bottom, cache θ 1.0 at the top) are
+# inside these.
+SGD_LEARNING_RATES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+RMS_LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+DECAY_RATES = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+CACHE_INTERPOLATIONS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4)
+CACHE_FLATNESSES = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 RUNGS = [
     # name, update_rule (None: static / cache), segment_length, learning rates, decay rates
     ("static", None, 5, None, None),
-    ("traditional (SGD, n=1)", "sgd", 1, (0.003, 0.01, 0.03, 0.1, 0.3), (0.0,)),
-    ("SGD, n=5", "sgd", 5, (0.003, 0.01, 0.03, 0.1, 0.3), (0.0,)),
-    ("SGD + global prior", "sgd", 5, (0.003, 0.01, 0.03, 0.1, 0.3), (1e-4, 1e-3, 1e-2, 3e-2)),
-    ("RMS + global prior", "rms_global_prior", 5, (1e-5, 3e-5, 1e-4, 3e-4), (1e-4, 1e-3, 1e-2, 3e-2)),
-    ("RMS + RMS prior", "rms_rms_prior", 5, (1e-5, 3e-5, 1e-4, 3e-4), (1e-3, 2e-3, 1e-2, 3e-2)),
-    ("neural cache", "cache", 35, None, None),
+    ("traditional (SGD, n=1)", "sgd", 1, SGD_LEARNING_RATES, (0.0,)),
+    ("SGD, n=5", "sgd", 5, SGD_LEARNING_RATES, (0.0,)),
+    ("SGD + global prior", "sgd", 5, SGD_LEARNING_RATES, DECAY_RATES),
+    ("RMS + global prior", "rms_global_prior", 5, RMS_LEARNING_RATES, DECAY_RATES),
+    ("RMS + RMS prior", "rms_rms_prior", 5, RMS_LEARNING_RATES, DECAY_RATES),
+    ("neural cache", "cache", 5, None, None),
 ]
+
+
+def widened(values, scores, max_widening, widenings):
+    """The grid with one more value past its best end, or `None` when the best
+    value is interior (or the widening budget is spent, or it cannot grow:
+    a grid of one value, or a zero at its end)."""
+    values = sorted(values)
+    best = min(values, key=lambda v: scores[v])
+    if len(values) < 2 or widenings >= max_widening:
+        return None
+    if best == values[0] and values[0] > 0:
+        return [values[0] * values[0] / values[1]] + values
+    if best == values[-1]:
+        return values + [values[-1] * values[-1] / values[-2]]
+    return None
+
+
+def tune_axis(score, values, max_widening):
+    """Scores every value (`score(v) -> loss`), widening the grid until the
+    best value is interior. Returns `(best, scores, interior)`."""
+    values, scores, widenings = sorted(values), {}, 0
+    while True:
+        for v in values:
+            if v not in scores:
+                scores[v] = score(v)
+        grown = widened(values, scores, max_widening, widenings)
+        if grown is None:
+            break
+        values, widenings = grown, widenings + 1
+    best = min(values, key=lambda v: scores[v])
+    interior = len(values) == 1 or best not in (values[0], values[-1])
+    return best, scores, interior
+
+
+def tune_rung(evaluator, tuning, learning_rates, decay_rates, max_widening):
+    """Krause's order: η at the middle λ of the grid, then λ at the best η."""
+    passes = []
+
+    def score(learning_rate, decay_rate):
+        try:
+            result = search_dynamic_evaluation(
+                evaluator, tuning, settings=[(learning_rate, decay_rate)]
+            )["results"][0]
+        except km.DivergenceError as error:  # the only setting tried diverged
+            result = {"learning_rate": learning_rate, "decay_rate": decay_rate,
+                      "loss": math.inf, "perplexity": math.inf, "diverged": error}
+        passes.append({k: (str(v) if k == "diverged" else v) for k, v in result.items()})
+        print(f"  η={learning_rate:g}, λ={decay_rate:g}: "
+              + ("diverged" if "diverged" in result else f"perplexity {result['perplexity']:.2f}"),
+              flush=True)
+        return result["loss"]
+
+    middle = sorted(decay_rates)[len(decay_rates) // 2]
+    learning_rate, lr_scores, lr_interior = tune_axis(
+        lambda v: score(v, middle), learning_rates, max_widening)
+    decay_rate, decay_scores, decay_interior = tune_axis(
+        lambda v: lr_scores[learning_rate] if v == middle else score(learning_rate, v),
+        decay_rates, max_widening)
+    loss = decay_scores[decay_rate]
+    return {
+        "learning_rate": learning_rate, "decay_rate": decay_rate,
+        "valid_tuning_perplexity": math.exp(loss) if math.isfinite(loss) else math.inf,
+        "learning_rates_tried": sorted(lr_scores), "decay_rates_tried": sorted(decay_scores),
+        "learning_rate_interior": lr_interior, "decay_rate_interior": decay_interior,
+        "settings_tried": len(passes),
+        "settings_diverged": sum("diverged" in p for p in passes),
+        "passes": passes,
+    }
 
 
 def parse_args():
@@ -69,6 +160,8 @@ def parse_args():
     parser.add_argument("--statistics-batch-size", type=int, default=100)
     parser.add_argument("--epsilon", type=float, default=2e-5)
     parser.add_argument("--cache-size", type=int, default=2000)
+    parser.add_argument("--max-widening", type=int, default=4,
+                        help="times a grid may grow past a best value at its end")
     parser.add_argument("--rungs", nargs="+", help="run only the rungs whose name starts so")
     parser.add_argument("--json", help="write the table here")
     parser.add_argument("--plots", help="directory for the bar chart and the loss curve (PNG)")
@@ -92,9 +185,35 @@ def main():
         row = {"rung": name, "segment_length": n}
         if rule == "cache":
             cache = km.NeuralCache(model, cache_size=args.cache_size, segment_length=n)
-            best = cache.search(tuning)
+            interpolations, flatnesses = list(CACHE_INTERPOLATIONS), list(CACHE_FLATNESSES)
+            for widening in range(args.max_widening + 1):
+                best = cache.search(tuning, interpolations=interpolations,
+                                    flatnesses=flatnesses)
+                losses = {}
+                for (lam, theta), loss in best["losses"].items():
+                    losses.setdefault("flatness", {})[theta] = min(
+                        loss, losses.get("flatness", {}).get(theta, math.inf))
+                    losses.setdefault("interpolation", {})[lam] = min(
+                        loss, losses.get("interpolation", {}).get(lam, math.inf))
+                grown_f = widened(flatnesses, losses["flatness"], args.max_widening, widening)
+                grown_i = widened(interpolations, losses["interpolation"], args.max_widening,
+                                  widening)
+                if grown_i is not None:
+                    grown_i = [v for v in grown_i if 0 < v < 1]
+                    grown_i = None if len(grown_i) == len(interpolations) else grown_i
+                if grown_f is None and grown_i is None:
+                    break
+                flatnesses = grown_f or flatnesses
+                interpolations = grown_i or interpolations
             row.update(interpolation=best["interpolation"], flatness=best["flatness"],
-                       valid_tuning_perplexity=best["perplexity"])
+                       valid_tuning_perplexity=best["perplexity"],
+                       interpolations_tried=sorted(interpolations),
+                       flatnesses_tried=sorted(flatnesses),
+                       flatness_interior=best["flatness"] not in (min(flatnesses),
+                                                                  max(flatnesses)),
+                       interpolation_interior=best["interpolation"] not in (
+                           min(interpolations), max(interpolations)))
+            print(f"tuned: λ={best['interpolation']:g}, θ={best['flatness']:g}", flush=True)
             cache.evaluate(test[: 2 * n + 2], verbose=0)  # compile before timing
             start = time.time()
             result = cache.evaluate(test, verbose=0)
@@ -113,24 +232,16 @@ def main():
                     print(f"gradient statistics (n={n}) in {time.time() - start:.0f} s", flush=True)
                 evaluator.gradient_statistics = statistics[n]
             if rule is not None:
-                # One λ (0 for the rungs without a prior): every η at it.
-                # Otherwise Krause's order, η first at the grid's middle λ,
-                # then λ at the best η — so no setting leaves the rung's grid.
-                evaluator.decay_rate = decay_rates[len(decay_rates) // 2]
-                best = km.search_dynamic_evaluation(
-                    evaluator, tuning, learning_rates=list(learning_rates),
-                    decay_rates=list(decay_rates),
-                    strategy="grid" if len(decay_rates) == 1 else "sequential",
-                )
-                evaluator.learning_rate = best["learning_rate"]
-                evaluator.decay_rate = best["decay_rate"]
-                diverged = sum("diverged" in r for r in best["results"])
-                row.update(learning_rate=best["learning_rate"], decay_rate=best["decay_rate"],
-                           valid_tuning_perplexity=best["perplexity"],
-                           settings_tried=len(best["results"]), settings_diverged=diverged)
-                print(f"tuned: learning_rate={best['learning_rate']:g}, "
-                      f"decay_rate={best['decay_rate']:g} ({len(best['results'])} settings, "
-                      f"{diverged} diverged)", flush=True)
+                tuned = tune_rung(evaluator, tuning, learning_rates, decay_rates,
+                                  args.max_widening)
+                evaluator.learning_rate = tuned["learning_rate"]
+                evaluator.decay_rate = tuned["decay_rate"]
+                row.update(tuned)
+                print(f"tuned: learning_rate={tuned['learning_rate']:g}, "
+                      f"decay_rate={tuned['decay_rate']:g} ({tuned['settings_tried']} settings, "
+                      f"{tuned['settings_diverged']} diverged; interior: "
+                      f"{tuned['learning_rate_interior']}, {tuned['decay_rate_interior']})",
+                      flush=True)
             # Compile (trace) before timing.
             evaluator.evaluate(test[: 2 * n + 2], verbose=0, adapt=rule is not None)
             start = time.time()
@@ -141,7 +252,8 @@ def main():
                 curves[name] = result["token_losses"][0]
         seconds = time.time() - start
         row.update(test_perplexity=result["perplexity"], test_tokens=result["num_tokens"],
-                   test_seconds=seconds, ms_per_token=1000 * seconds / result["num_tokens"])
+                   test_seconds=seconds, ms_per_token=1000 * seconds / result["num_tokens"],
+                   load_average=list(os.getloadavg()))
         rows.append(row)
         print(f"test perplexity {result['perplexity']:.2f} ({seconds:.0f} s)", flush=True)
         report(rows, args)
@@ -170,7 +282,13 @@ def report(rows, args):
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"command": "python " + " ".join(sys.argv), "backend":
-                       keras.backend.backend(), "rows": rows}, f, indent=2)
+                       keras.backend.backend(),
+                       "grids": {"sgd_learning_rates": SGD_LEARNING_RATES,
+                                 "rms_learning_rates": RMS_LEARNING_RATES,
+                                 "decay_rates": DECAY_RATES,
+                                 "cache_interpolations": CACHE_INTERPOLATIONS,
+                                 "cache_flatnesses": CACHE_FLATNESSES},
+                       "rows": rows}, f, indent=2, default=str)
 
 
 def plot(rows, curves, args):

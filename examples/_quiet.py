@@ -3,12 +3,15 @@
 TensorFlow's C++ runtime writes a few lines to stderr while it loads (oneDNN
 notes, "could not find cuda drivers", absl's start-up warning) before any of
 its log settings apply; they alarm more than they inform on a CPU-only
-machine. This module sets `TF_CPP_MIN_LOG_LEVEL=3` for what comes later and,
-with the TensorFlow backend, imports TensorFlow once with stderr silenced.
+machine. This module sets `TF_CPP_MIN_LOG_LEVEL=3` for what comes later and
+imports TensorFlow once with stderr silenced — with the JAX and PyTorch
+backends too, where `keras.utils.set_random_seed` imports TensorFlow (to
+seed it) when it is installed, as it always is with this package.
 An import that fails is not hidden: `import keras` then raises it again.
 """
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -35,5 +38,5 @@ def _import_with_stderr_silenced(name):
         os.close(saved)
 
 
-if os.environ["KERAS_BACKEND"] == "tensorflow":
+if os.environ["KERAS_BACKEND"] == "tensorflow" or importlib.util.find_spec("tensorflow"):
     _import_with_stderr_silenced("tensorflow")

@@ -14,13 +14,16 @@ averages 500 sequences of the Hutter Prize test set).
 
 Without `--model` it first trains a small 2-layer LSTM `LanguageModel` for
 `--train-steps` steps (a few minutes on CPU), so the numbers are only
-illustrative. Writes `OUT.csv` always and `OUT.png` when matplotlib is
-installed (it is optional; `pip install matplotlib`).
+illustrative. Writes `OUT.csv` always, `OUT.png` when matplotlib is
+installed (it is optional; `pip install matplotlib`), and with `--json` the
+same table, the settings and the perplexities as JSON (with the command).
 """
 
 import argparse
 import csv
+import json
 import os
+import sys
 
 import _quiet  # noqa: E402,F401  (first: a quiet TensorFlow start)
 
@@ -53,6 +56,7 @@ def parse_args():
     parser.add_argument("--tune-tokens", type=int, default=2000,
                         help="validation tokens to tune the learning and decay rates; 0: defaults")
     parser.add_argument("--out", default="runs/dynamic_eval_curve", help="output path prefix")
+    parser.add_argument("--json", help="also write the table and the settings here")
     return parser.parse_args()
 
 
@@ -124,6 +128,25 @@ def main():
             writer.writerow([end, static_windows[i], dynamic_windows[i],
                              static_running[end - 1], dynamic_running[end - 1]])
     print(f"wrote {args.out}.csv")
+    if args.json:
+        rows = [
+            {"tokens_seen": (i + 1) * args.window,
+             "static_window_loss": float(static_windows[i]),
+             "dynamic_window_loss": float(dynamic_windows[i]),
+             "static_running_loss": float(static_running[(i + 1) * args.window - 1]),
+             "dynamic_running_loss": float(dynamic_running[(i + 1) * args.window - 1])}
+            for i in range(static_windows.size)
+        ]
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"command": "python " + " ".join(sys.argv),
+                       "backend": keras.backend.backend(),
+                       "learning_rate": evaluator.learning_rate,
+                       "decay_rate": evaluator.decay_rate,
+                       "static_perplexity": static["perplexity"],
+                       "dynamic_perplexity": dynamic["perplexity"],
+                       "num_tokens": dynamic["num_tokens"], "rows": rows}, f, indent=2)
+        print(f"wrote {args.json}")
     try:
         import matplotlib
 

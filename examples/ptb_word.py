@@ -1,17 +1,21 @@
-"""Train and evaluate a word-level language model on Penn Treebank.
+"""Train and evaluate a language model: on Penn Treebank, or on your own text.
 
 The library's main job in one command: trains a `LanguageModel` with
 stateful truncated BPTT, prints per-epoch validation perplexity, tunes the
-softmax temperature, and reports static and dynamic validation and test
-perplexity.
+softmax temperature, reports static and dynamic test perplexity, and ends
+with a sample: a prompt from the test text, continued by the model.
 
     python examples/ptb_word.py                              # tiny preset
     python examples/ptb_word.py --data-dir ../shared/data/ptb --preset small
+    python examples/ptb_word.py --text my_notes.txt --level byte   # your own text
     python examples/ptb_word.py --preset paper --data-dir DIR   # GPU scale
 
-Without `--data-dir` the standard PTB files are downloaded into Keras's cache;
-when that is impossible (offline) the package's embedded synthetic corpus is
-used instead, and the script says so. All the logic lives in
+`--text` reads one file (split into train / valid / test runs of whole
+lines), a directory of `{train,valid,test}.txt` (or the PTB or WikiText
+names), at `--level` word, char or byte (`keras_mogrifier.data.load_text`).
+Without `--data-dir` or `--text` the standard PTB files are downloaded into
+Keras's cache; with `--no-download` (or offline) the package's embedded
+synthetic corpus is used instead. All the logic lives in
 `keras_mogrifier.pipeline`; this script only reads flags.
 """
 
@@ -21,11 +25,18 @@ import sys
 
 import _quiet  # noqa: F401  (first: a quiet TensorFlow start)
 
+import keras  # noqa: E402
+
 from keras_mogrifier.data import load_ptb  # noqa: E402
+from keras_mogrifier.data import load_text  # noqa: E402
+from keras_mogrifier.data import synthetic_corpus  # noqa: E402
 from keras_mogrifier.models.language_model import CELLS  # noqa: E402
 from keras_mogrifier.pipeline import PRESETS  # noqa: E402
-from keras_mogrifier.pipeline import generation_sample  # noqa: E402
+from keras_mogrifier.pipeline import format_sample  # noqa: E402
 from keras_mogrifier.pipeline import run_experiment  # noqa: E402
+from keras_mogrifier.pipeline.language_modeling import DYNAMIC_LEARNING_RATES  # noqa: E402
+from keras_mogrifier.pipeline.language_modeling import DYNAMIC_DECAY_RATES  # noqa: E402
+from keras_mogrifier.pipeline.language_modeling import DYNAMIC_EPSILON  # noqa: E402
 from keras_mogrifier.pipeline import save_language_model  # noqa: E402
 from keras_mogrifier.pipeline import write_results  # noqa: E402
 
@@ -35,7 +46,20 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
         description=__doc__.splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--data-dir", help="directory of ptb.{train,valid,test}.txt[.gz]")
+    corpus = parser.add_mutually_exclusive_group()
+    corpus.add_argument("--data-dir", help="directory of ptb.{train,valid,test}.txt[.gz]")
+    corpus.add_argument("--text", metavar="PATH",
+                        help="your own text: one file (cut into train/valid/test "
+                             "runs of lines), or a directory of "
+                             "{train,valid,test}.txt")
+    parser.add_argument("--level", choices=("word", "char", "byte"), default=level,
+                        help="tokens of --text (and of the PTB files): words, "
+                             "characters or bytes")
+    parser.add_argument("--min-count", type=int, default=1,
+                        help="--text: words seen fewer times in training become <unk>")
+    parser.add_argument("--max-size", type=int,
+                        help="--text: keep at most this many words (the most frequent)")
+    parser.add_argument("--encoding", default="utf-8", help="--text: the file's encoding")
     parser.add_argument("--no-download", action="store_true",
                         help="never try the network; without --data-dir use the embedded corpus")
     parser.add_argument("--preset", choices=sorted(PRESETS), default=default_preset)
@@ -61,18 +85,26 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
                              "keras.distribution.DataParallel); see docs/scaling.md")
     parser.add_argument("--no-dynamic", action="store_true",
                         help="skip dynamic evaluation")
-    parser.add_argument("--segment-length", type=int, default=5 if level == "word" else 20,
-                        help="dynamic evaluation segment length")
-    parser.add_argument("--dynamic-tuning-tokens", type=int, default=10_000,
+    parser.add_argument("--segment-length", type=int,
+                        help="dynamic evaluation segment length (default: 10 "
+                             "words, 20 characters or bytes)")
+    parser.add_argument("--dynamic-tuning-tokens", type=int, default=2_000,
                         help="validation tokens used to tune dynamic evaluation")
     parser.add_argument("--dynamic-statistics-batches", type=int,
                         help="cap the training batches of gradient statistics")
     parser.add_argument("--dynamic-learning-rates", type=float, nargs="+",
-                        default=[1e-5, 3e-5, 1e-4, 3e-4, 1e-3],
+                        default=list(DYNAMIC_LEARNING_RATES),
                         help="candidate dynamic-evaluation learning rates η")
     parser.add_argument("--dynamic-decay-rates", type=float, nargs="+",
-                        default=[1e-3, 2e-3, 1e-2],
-                        help="candidate dynamic-evaluation decay rates λ")
+                        default=list(DYNAMIC_DECAY_RATES),
+                        help="candidate dynamic-evaluation decay rates λ (the "
+                             "first is used while η is tuned)")
+    parser.add_argument("--dynamic-epsilon", type=float, default=DYNAMIC_EPSILON,
+                        help="ε of dynamic evaluation")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the weights' initialisation, dropout and "
+                             "sampling (keras.utils.set_random_seed): the same run "
+                             "twice gives the same figures on one machine and backend")
     parser.add_argument("--checkpoint-dir", help="save the model after every epoch here")
     parser.add_argument("--resume", action="store_true",
                         help="continue training from --checkpoint-dir")
@@ -116,10 +148,24 @@ def overrides(args):
     return model, drop_none(training)
 
 
+def load(args):
+    """The corpus the flags name."""
+    if args.text:
+        return load_text(
+            args.text, args.level, min_count=args.min_count,
+            max_size=args.max_size, encoding=args.encoding,
+        )
+    if args.data_dir is None and args.no_download:
+        return synthetic_corpus(level=args.level)
+    return load_ptb(args.data_dir, level=args.level, download=not args.no_download)
+
+
 def main(argv=None, level="word", default_preset="tiny"):
     args = parse_args(argv, level, default_preset)
-    corpus = load_ptb(args.data_dir, level=level, download=not args.no_download)
+    keras.utils.set_random_seed(args.seed)
+    corpus = load(args)
     model_overrides, training_overrides = overrides(args)
+    segment_length = args.segment_length or (10 if corpus.level == "word" else 20)
     results = run_experiment(
         corpus,
         preset=args.preset,
@@ -129,11 +175,12 @@ def main(argv=None, level="word", default_preset="tiny"):
         resume=args.resume,
         dynamic=not args.no_dynamic,
         dynamic_options={
-            "segment_length": args.segment_length,
+            "segment_length": segment_length,
             "tuning_tokens": args.dynamic_tuning_tokens,
             "statistics_batches": args.dynamic_statistics_batches,
             "learning_rates": args.dynamic_learning_rates,
             "decay_rates": args.dynamic_decay_rates,
+            "epsilon": args.dynamic_epsilon,
         },
         verbose=args.verbose if args.verbose == "auto" else int(args.verbose),
         plot_path=args.plot,
@@ -145,7 +192,8 @@ def main(argv=None, level="word", default_preset="tiny"):
     if args.save_model:
         save_language_model(model, args.save_model)
         print(f"model saved to {args.save_model}")
-    print(f"\nsample: {generation_sample(model, corpus)}")
+    print()
+    print(format_sample(results["sample"]))
     return results
 
 

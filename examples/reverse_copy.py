@@ -1,11 +1,19 @@
 """The reverse copy task (Mogrifier LSTM paper, §4.3): encoder-decoder in Keras.
 
-An encoder reads L random tokens; a decoder, started from the encoder's last
-state, emits them in reverse (teacher forcing: it reads a marker, then its own
-previous targets). The paper's model: independent unidirectional encoder and
-decoder with their own embeddings, no dropout; tuned learning rate, L2 and
-embedding size. Written with `keras.layers.RNN` and the library's cells (or
-Keras's `LSTMCell`) as a user of the library would:
+An encoder reads L random tokens and an end-of-sequence token; a decoder,
+started from the encoder's last state, emits them in reverse and then the
+end-of-sequence token (teacher forcing: it reads that token, then its own
+previous targets). The paper's model, as deepmind/lamb's copy configuration
+builds it (`lamb/experiment/mogrifier/tune_copy.sh`, `lamb/lm.py`):
+independent unidirectional encoder and decoder with their own embeddings
+(`share_input_and_output_embeddings=false`), both with the capped input gate
+(`cap_input_gate=true`, the LSTM baseline too), an output down-projection to
+the embedding size before the softmax (`lm.py` 245-253), no dropout; Adam
+with β₁ = 0 (`optimizer_type="rmsprop"`, `lamb/utils.py` 279-282), gradient
+norm clipped at 10 and ε 1e-8 on lamb's loss summed over the sequence
+(converted to our per-token mean: ÷ (L + 1)); tuned learning rate, L2 and
+embedding size. Written with `keras.layers.RNN` and the library's cells as
+a user of the library would:
 
     python examples/reverse_copy.py --cell mogrifier_lstm --length 50
     python examples/reverse_copy.py --cell lstm --length 5 --vocabulary-size 10 \\
@@ -29,16 +37,21 @@ import keras  # noqa: E402
 
 import keras_mogrifier as km  # noqa: E402
 from keras_mogrifier.data import reverse_copy  # noqa: E402
+from keras_mogrifier.pipeline import units as lamb_units  # noqa: E402
 from keras_mogrifier.data.reverse_copy import PAPER_EVALUATION_EXAMPLES  # noqa: E402
 from keras_mogrifier.data.reverse_copy import PAPER_TRAIN_EXAMPLES  # noqa: E402
 from keras_mogrifier.data.reverse_copy import PAPER_VOCABULARY_SIZE  # noqa: E402
 
 CELLS = ("lstm", "mogrifier_lstm", "rlstm", "mogrifier_rlstm")
+# lamb's copy configuration (tune_copy.sh): max_grad_norm 10 and Adam's
+# epsilon 1e-8 (lamb_flags.py 150), both on the loss summed over a sequence.
+LAMB_MAX_GRAD_NORM = 10.0
+LAMB_EPSILON = 1e-8
 
 
 def make_cell(cell, units, rounds, rank, **initializers):
-    if cell == "lstm":
-        return keras.layers.LSTMCell(units, **initializers)
+    # Every cell with the capped input gate, the LSTM too (lamb caps both:
+    # `cap_input_gate=true`); "lstm" is the Mogrifier LSTM cell with 0 rounds.
     kwargs = dict(initializers)
     if cell.startswith("mogrifier"):
         kwargs.update(mogrifier_rounds=rounds, mogrifier_rank=rank)
@@ -46,16 +59,24 @@ def make_cell(cell, units, rounds, rank, **initializers):
             kwargs["mogrifier_initializer"] = initializers["kernel_initializer"]
     if cell.endswith("rlstm"):
         return km.RLSTMCell(units, **kwargs)
-    return km.MogrifierLSTMCell(units, **({"mogrifier_rounds": 0} | kwargs))
+    return km.MogrifierLSTMCell(
+        units, **({"mogrifier_rounds": 0, "capped_input_gate": True} | kwargs)
+    )
 
 
 def build_model(cell, vocabulary_size, embedding_size, units, rounds=5, rank=None,
-                l2=0.0, learning_rate=3e-3):
-    """The encoder-decoder, compiled (Adam, cross-entropy from logits)."""
+                l2=0.0, learning_rate=3e-3, length=None):
+    """The encoder-decoder, compiled (Adam β₁ = 0, cross-entropy from logits).
+
+    With `length` (L), Adam's ε and the gradient clip are lamb's (1e-8 and
+    10 on its loss summed over the L + 1 target tokens), converted to the
+    per-token mean (`keras_mogrifier.pipeline.units`); without, Keras's
+    defaults and no clip.
+    """
     regularizer = keras.regularizers.L2(l2) if l2 > 0 else None
     encoder_ids = keras.Input((None,), dtype="int32", name="encoder_inputs")
     decoder_ids = keras.Input((None,), dtype="int32", name="decoder_inputs")
-    # +1 row: the marker token that starts the decoder.
+    # +1 row: the end-of-sequence token (ends the input, starts the decoder).
     encoder_embedded = keras.layers.Embedding(
         vocabulary_size + 1, embedding_size, embeddings_regularizer=regularizer,
         name="encoder_embedding")(encoder_ids)
@@ -68,11 +89,25 @@ def build_model(cell, vocabulary_size, embedding_size, units, rounds=5, rank=Non
     decoder = keras.layers.RNN(make_cell(cell, units, rounds, rank), return_sequences=True,
                                name="decoder")
     outputs = decoder(decoder_embedded, initial_state=state)
-    logits = keras.layers.Dense(vocabulary_size, kernel_regularizer=regularizer,
+    if embedding_size != units:
+        # lamb's output down-projection to the output embedding size (the
+        # input embedding size: `output_embedding_ratio` -1), orthogonal,
+        # no bias (lm.py 245-253).
+        outputs = keras.layers.Dense(
+            embedding_size, use_bias=False, kernel_initializer="orthogonal",
+            kernel_regularizer=regularizer, name="projection")(outputs)
+    # The tokens and the end-of-sequence token.
+    logits = keras.layers.Dense(vocabulary_size + 1, kernel_regularizer=regularizer,
                                 name="output")(outputs)
     model = keras.Model([encoder_ids, decoder_ids], logits)
+    optimizer = {"learning_rate": learning_rate, "beta_1": 0.0}
+    if length is not None:
+        optimizer.update(
+            epsilon=lamb_units.summed_loss_epsilon(LAMB_EPSILON, length + 1),
+            global_clipnorm=lamb_units.summed_loss_clipnorm(LAMB_MAX_GRAD_NORM, length + 1),
+        )
     model.compile(
-        optimizer=keras.optimizers.Adam(learning_rate),
+        optimizer=keras.optimizers.Adam(**optimizer),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         # The cross-entropy alone (the loss also holds the L2 penalty).
         metrics=[
@@ -88,7 +123,8 @@ def units_for_parameters(cell, parameters, vocabulary_size, embedding_size, roun
 
     def count(units):
         # Two cells (encoder, decoder) built alone — quick on every backend —
-        # plus two embeddings of V + 1 rows and the output layer.
+        # plus two embeddings of V + 1 rows, the down-projection and the
+        # output layer of V + 1 classes.
         r = rank if rank is None else min(rank, units, embedding_size)
         cells = 0
         # (Zero initialisers: counting needs no random draws or QR.)
@@ -97,7 +133,11 @@ def units_for_parameters(cell, parameters, vocabulary_size, embedding_size, roun
             c = make_cell(cell, units, rounds, r, **zeros)
             c.build((None, embedding_size))
             cells += c.count_params()
-        return cells + 2 * (vocabulary_size + 1) * embedding_size + (units + 1) * vocabulary_size
+        projection = units * embedding_size if units != embedding_size else 0
+        return (
+            cells + 2 * (vocabulary_size + 1) * embedding_size + projection
+            + (embedding_size + 1) * (vocabulary_size + 1)
+        )
 
     low, high = 1, 8
     while count(high) < parameters:
@@ -154,7 +194,7 @@ def main(argv=None):
     if rank is not None:
         rank = min(rank, units, args.embedding_size)
     model = build_model(args.cell, size, args.embedding_size, units, args.mogrifier_rounds,
-                        rank, args.l2, args.learning_rate)
+                        rank, args.l2, args.learning_rate, length=args.length)
     print(f"{args.cell}: embedding {args.embedding_size}, {units} units, "
           f"{model.count_params():,} parameters; L = {args.length}, vocabulary {size}, "
           f"{args.train_examples:,} training examples")
@@ -182,7 +222,8 @@ def main(argv=None):
         ],
         "test_cross_entropy": float(test_cross_entropy),
         "test_accuracy": float(test_accuracy),
-        "uniform_cross_entropy": math.log(size),
+        # A uniform guess over the tokens and the end-of-sequence token.
+        "uniform_cross_entropy": math.log(size + 1),
         "train_seconds": seconds,
         "backend": keras.backend.backend(),
     }

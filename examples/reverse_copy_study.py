@@ -25,6 +25,8 @@ import argparse
 import json
 import math
 import os
+import shlex
+import sys
 import time
 import warnings
 
@@ -45,9 +47,10 @@ class ReverseCopyHyperModel(keras_tuner.HyperModel):
     """The encoder-decoder of `reverse_copy.py`, at a fixed parameter count."""
 
     def __init__(self, cell, vocabulary_size, parameters, rounds, rank,
-                 embedding_sizes=EMBEDDING_SIZES, learning_rates=LEARNING_RATES, l2=L2):
+                 embedding_sizes=EMBEDDING_SIZES, learning_rates=LEARNING_RATES, l2=L2,
+                 length=None):
         super().__init__(name=f"reverse_copy_{cell}")
-        self.cell, self.vocabulary_size = cell, vocabulary_size
+        self.cell, self.vocabulary_size, self.length = cell, vocabulary_size, length
         self.parameters, self.rounds, self.rank = parameters, rounds, rank
         self.choices = {"embedding_size": list(embedding_sizes),
                         "learning_rate": list(learning_rates), "l2": list(l2)}
@@ -65,6 +68,7 @@ class ReverseCopyHyperModel(keras_tuner.HyperModel):
             self.cell, self.vocabulary_size, embedding_size, units, self.rounds, rank,
             l2=hp.Choice("l2", self.choices["l2"]),
             learning_rate=hp.Choice("learning_rate", self.choices["learning_rate"]),
+            length=self.length,
         )
 
 
@@ -120,7 +124,7 @@ def study_point(args, cell, length):
     test = reverse_copy(args.evaluation_examples, length, size, seed=args.seed + 2)
     hypermodel = ReverseCopyHyperModel(cell, size, args.parameters, args.mogrifier_rounds,
                                        args.mogrifier_rank, args.embedding_sizes,
-                                       args.learning_rates, args.l2)
+                                       args.learning_rates, args.l2, length=length)
     if args.search == "grid":
         tuner_class, max_trials = keras_tuner.GridSearch, (
             len(args.embedding_sizes) * len(args.learning_rates) * len(args.l2))
@@ -160,7 +164,7 @@ def study_point(args, cell, length):
         "parameters": int(model.count_params()),
         "test_cross_entropy": float(logs["cross_entropy"]),
         "test_accuracy": float(logs["accuracy"]),
-        "uniform_cross_entropy": math.log(size),
+        "uniform_cross_entropy": math.log(size + 1),  # tokens and end of sequence
         "trials": trials,
         "search_seconds": seconds,
     }
@@ -250,7 +254,9 @@ def main(argv=None):
                   f"{row['search_seconds']:.0f} s", flush=True)
             os.makedirs(os.path.dirname(os.path.abspath(args.results_json)), exist_ok=True)
             with open(args.results_json, "w") as f:
-                json.dump({"settings": {k: v for k, v in vars(args).items()
+                json.dump({"command": "python reverse_copy_study.py " + shlex.join(
+                               sys.argv[1:] if argv is None else argv),
+                           "settings": {k: v for k, v in vars(args).items()
                                         if k not in ("resume",)},
                            "backend": keras.backend.backend(), "rows": rows}, f, indent=2)
     if args.figure:

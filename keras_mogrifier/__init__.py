@@ -16,6 +16,7 @@ from keras_mogrifier.evaluation import evaluate_stream
 from keras_mogrifier.evaluation import mc_dropout_evaluate
 from keras_mogrifier.evaluation import NeuralCache
 from keras_mogrifier.evaluation import search_dynamic_evaluation
+from keras_mogrifier.evaluation import search_mc_dropout_temperature
 from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.initializers import ChronoInitializer
 from keras_mogrifier.layers import CellRNN

@@ -98,6 +98,68 @@ def _rank_text(ndim):
     return " or ".join(f"{n}-D" for n in ndim)
 
 
+# === Token ids checked once ===
+#
+# A corpus checks its ids when it is made (every id in [0, vocabulary
+# size)) and makes its arrays read-only; `mark_token_ids` records that
+# bound for the memory they occupy, so that `token_ids` below (which every
+# consumer calls: StreamDataset, the temperature search, `evaluate`, the
+# gradient statistics) finds it for the arrays themselves and for every view
+# of them (slices, reshapes: `corpus.valid[:10_001]`) and skips the scan.
+# Read-only memory cannot change under the record (NumPy refuses to make a
+# view of it writable), and the record goes when the memory is freed.
+
+_KNOWN_BOUNDS = {}  # id(owner) -> (weakref to owner, [(low, high, bound)])
+
+
+def _owner(array):
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def mark_token_ids(array, bound):
+    """Records that `array` (an integer NumPy array) holds ids in `[0, bound)`.
+
+    The array is made read-only first. Only call it after checking.
+    """
+    import weakref
+
+    from numpy.lib.array_utils import byte_bounds
+
+    array.flags.writeable = False
+    owner = _owner(array)
+    key = id(owner)
+    if key not in _KNOWN_BOUNDS:
+        ref = weakref.ref(owner, lambda _, key=key: _KNOWN_BOUNDS.pop(key, None))
+        _KNOWN_BOUNDS[key] = (ref, [])
+    low, high = byte_bounds(array)
+    _KNOWN_BOUNDS[key][1].append((low, high, int(bound)))
+    return array
+
+
+def known_token_bound(array):
+    """The smallest recorded bound of `array`'s ids, or `None` if unchecked."""
+    if not isinstance(array, np.ndarray) or array.flags.writeable or not array.size:
+        return None
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        return None
+    entry = _KNOWN_BOUNDS.get(id(_owner(array)))
+    if entry is None or entry[0]() is not _owner(array):
+        return None
+    from numpy.lib.array_utils import byte_bounds
+
+    low, high = byte_bounds(array)
+    bounds = [b for lo, hi, b in entry[1] if lo <= low and high <= hi]
+    return min(bounds) if bounds else None
+
+
+def ids_known_below(array, vocabulary_size):
+    """Whether `array`'s ids were checked to lie in `[0, vocabulary_size)`."""
+    bound = known_token_bound(array)
+    return bound is not None and (vocabulary_size is None or bound <= vocabulary_size)
+
+
 def token_ids(name, ids, vocabulary_size, ndim=None, where=None):
     """Checks token ids and returns them as a NumPy array on the host.
 
@@ -145,26 +207,31 @@ def token_ids(name, ids, vocabulary_size, ndim=None, where=None):
                 f"Expected `{name}`{at} to be {what}. "
                 f"Received: {name}.shape={array.shape}"
             )
-    if array.size:
-        low, high = array.min(), array.max()
-        too_large = vocabulary_size is not None and high >= vocabulary_size
-        if low < 0 or too_large:
-            bad = (array < 0) if vocabulary_size is None else (
-                (array < 0) | (array >= vocabulary_size)
-            )
-            position = tuple(int(i) for i in np.argwhere(bad)[0])
-            value = int(array[position])
-            expected = (
-                "non-negative token ids"
-                if vocabulary_size is None
-                else f"token ids in [0, {vocabulary_size})"
-            )
-            raise ValueError(
-                f"Expected `{name}`{at} to hold {expected}. Received: an id "
-                f"{value} at position {position} (min {int(low)}, max "
-                f"{int(high)})"
-            )
+    if array.size and not ids_known_below(array, vocabulary_size):
+        scan_token_ids(name, array, vocabulary_size, at)
     return array
+
+
+def scan_token_ids(name, array, vocabulary_size, at=""):
+    """The scan of `token_ids`: every id in range, or a ValueError naming one."""
+    low, high = array.min(), array.max()
+    too_large = vocabulary_size is not None and high >= vocabulary_size
+    if low < 0 or too_large:
+        bad = (array < 0) if vocabulary_size is None else (
+            (array < 0) | (array >= vocabulary_size)
+        )
+        position = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = int(array[position])
+        expected = (
+            "non-negative token ids"
+            if vocabulary_size is None
+            else f"token ids in [0, {vocabulary_size})"
+        )
+        raise ValueError(
+            f"Expected `{name}`{at} to hold {expected}. Received: an id "
+            f"{value} at position {position} (min {int(low)}, max "
+            f"{int(high)})"
+        )
 
 
 def sample_weights(name, weights, ids_shape, where=None):

@@ -48,15 +48,22 @@ run_backend() {
 
 # TEST_JOBS backends at once (default: 2 with several backends and at least
 # 2 cores, else 1). Most of a test's time is tracing and compiling, one
-# thread each, so two backends side by side on 2 cores take about 60 % of
-# the time of one after the other. Each backend's output is kept apart and
-# printed whole when it ends.
+# thread at a time, so a second backend uses the core the first leaves
+# idle. Each backend's output is kept apart and printed whole when it ends.
 read -r -a backend_list <<< "$backends"
 jobs_default=1
 if [ ${#backend_list[@]} -gt 1 ] && [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; then
   jobs_default=2
 fi
 jobs=${TEST_JOBS:-$jobs_default}
+# Side by side, each backend keeps to one thread: PyTorch's default pool
+# spins while it waits, and beside another busy process a step took several
+# times as long (docs/scaling.md, "PyTorch's threads on a shared machine").
+if [ "$jobs" -gt 1 ]; then
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+  export TF_NUM_INTRAOP_THREADS="${TF_NUM_INTRAOP_THREADS:-1}"
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+fi
 
 failed=()
 if [ "$jobs" -le 1 ]; then

@@ -422,7 +422,7 @@ def test_a_truncated_gz_corpus_names_the_file(tmp_path):
     path = tmp_path / "ptb.valid.txt.gz"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ValueError, match=r"ptb\.valid\.txt\.gz.*complete file of gzip-compressed.*truncated"):
+    with pytest.raises(ValueError, match=r"ptb\.valid\.txt\.gz.*complete gzip-compressed file.*truncated"):
         km.data.load_corpus(tmp_path)
 
 

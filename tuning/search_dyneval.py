@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import sys
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -33,6 +34,7 @@ from keras_mogrifier.tuning import best_configuration  # noqa: E402
 from keras_mogrifier.tuning import search_summary  # noqa: E402
 from keras_mogrifier.tuning.dynamic_evaluation_tuner import ADVICE  # noqa: E402
 from keras_mogrifier.tuning import run_dynamic_evaluation_search  # noqa: E402
+from keras_mogrifier.tuning import trial_rows  # noqa: E402
 from keras_mogrifier.tuning import trials_table  # noqa: E402
 from keras_mogrifier.tuning.searches import load_or_train_model  # noqa: E402
 
@@ -134,7 +136,11 @@ def main(argv=None):
           f"{static['perplexity']:.2f}, dynamic {dynamic['perplexity']:.2f}")
     if args.results_json:
         with open(args.results_json, "w") as f:
-            json.dump({"best": best, **results}, f, indent=2, default=str)
+            json.dump({"command": "python " + " ".join(sys.argv),
+                       "backend": keras.backend.backend(),
+                       "best": best, **results,
+                       # Every trial, the failed ones with their error.
+                       "trials": trial_rows(tuner)}, f, indent=2, default=str)
     return best, results
 
 

@@ -19,6 +19,20 @@ Each backend module implements the same functions:
   `(*tensors) -> (aux, gradients)`, the gradients of the scalar objective
   with respect to `variables` (dense, in their shapes, zeros where unused);
   variable assignments inside `fn` are kept, as above.
+- `model_loop(model, fn, jit_compile)`: compiles a loop and returns
+  `run(carry, constants, *sequences) -> (carry, outputs)`: `fn(carry,
+  constants, *slices) -> (carry, output)` runs for every index of the
+  sequences' leading axis, in order, in one call (no host round trip
+  between iterations); each iteration sees the variable values the
+  previous one assigned (the carried state), and `outputs` stacks the
+  iterations' outputs. Many segments of a stream per call.
+- `model_adaptation_loop(model, variables, objective, update,
+  jit_compile)`: returns `adapt(constants, *sequences) -> outputs`: for
+  every index in order, `objective(*slices) -> (value, aux)` and the
+  gradients of `value` with respect to `variables`, then
+  `update(values, gradients, *constants) -> new values` assigned to
+  `variables`, in one call; `outputs` stacks the `aux` of every index.
+  Dynamic evaluation of many segments per call.
 - `sync_training_state(model)`: makes the model's variables hold the
   current training state inside `fit` (JAX keeps it outside the variables
   between steps), so that a callback can read or change them; the next
@@ -46,6 +60,9 @@ Each backend module implements the same functions:
   they are used (one implementation, `_shared.py`: tf.data is
   TensorFlow's on every backend).
 
+A module may also offer leaner versions of two Keras functions, used when
+present (`sparse_crossentropy` and `rnn` below): PyTorch's does.
+
 `get_backend_module()` returns the module of the active backend; importing
 this package imports no backend library.
 """
@@ -55,34 +72,77 @@ import importlib
 import keras
 
 BACKENDS = ("tensorflow", "jax", "torch")
+_MODULES = {}
 
 
 def get_backend_module():
     """Returns the seam's implementation for the active Keras backend.
+
+    The module is imported on the first call and kept: later calls, which
+    may come from inside a function being traced (a model's `__call__` in a
+    compiled generation step), make no import, which AutoGraph would try to
+    convert (and warn that it cannot).
 
     Raises:
         ValueError: if the active Keras backend is not one of TensorFlow, JAX
             or PyTorch (e.g. `"numpy"`, which cannot take gradients).
     """
     name = keras.backend.backend()
+    module = _MODULES.get(name)
+    if module is not None:
+        return module
     if name not in BACKENDS:
         raise ValueError(
             "Expected the Keras backend to be one of "
             f"{list(BACKENDS)} (set KERAS_BACKEND before importing keras). "
             f"Received: {name!r}"
         )
-    return importlib.import_module(f"keras_mogrifier.backend.{name}")
+    module = _MODULES[name] = importlib.import_module(f"keras_mogrifier.backend.{name}")
+    return module
+
+
+def _own(name):
+    """The backend module's `name`, or `None` (Keras's is used then)."""
+    if keras.backend.backend() not in BACKENDS:
+        return None
+    return getattr(get_backend_module(), name, None)
+
+
+def sparse_crossentropy(ids, logits):
+    """`-log_softmax(logits)[ids]`, the cross-entropy of every token.
+
+    `ids` int `(...)`, `logits` float `(..., vocab)`; returns a tensor of
+    `ids`' shape. Keras's `sparse_categorical_crossentropy` (TensorFlow's
+    fused, stable kernel), unless the backend module has its own: PyTorch's
+    `cross_entropy` wants the classes on axis 1, so Keras moves a
+    `(batch, time, vocab)` tensor to `(batch, vocab, time)` and copies it,
+    forward and backward; the module's runs it on a `(tokens, vocab)`
+    matrix instead.
+    """
+    own = _own("sparse_crossentropy")
+    if own is not None:
+        return own(ids, logits)
+    return keras.ops.sparse_categorical_crossentropy(ids, logits, from_logits=True)
 
 
 def rnn(step_function, inputs, initial_states, **kwargs):
-    """Keras's own time loop: the one `keras.layers.RNN` runs.
+    """The time loop of `CellRNN`: Keras's own, or the backend module's.
 
-    `tf.while_loop` on TensorFlow, `jax.lax.scan` on JAX, a Python loop on
-    PyTorch, with Keras's masking, `go_backwards`, `unroll` and
-    `time_major` (see `keras.layers.RNN`). It is not exported by Keras 3
-    (`keras.src.backend.rnn`): the Keras range is pinned in pyproject.toml
-    and the import is tested (tests/layers/cell_rnn_test.py).
+    Keras's (`keras.src.backend.rnn`, the loop `keras.layers.RNN` runs) is
+    `tf.while_loop` on TensorFlow, `jax.lax.scan` on JAX and a Python loop
+    on PyTorch, with Keras's masking, `go_backwards`, `unroll` and
+    `time_major` (see `keras.layers.RNN`). A backend module may offer a
+    leaner loop as `rnn(step_function, inputs, initial_states, **kwargs)`,
+    which returns `None` for the arguments it leaves to Keras's (PyTorch's
+    runs the unmasked case). Keras's is not exported by Keras 3: the Keras
+    range is pinned in pyproject.toml and the import is tested
+    (tests/layers/cell_rnn_test.py).
     """
     from keras.src import backend
 
+    own = _own("rnn")
+    if own is not None:
+        result = own(step_function, inputs, initial_states, **kwargs)
+        if result is not None:
+            return result
     return backend.rnn(step_function, inputs, initial_states, **kwargs)

@@ -113,6 +113,108 @@ def model_gradients(model, variables, fn, jit_compile):
     return _stateful(model, traced)
 
 
+def _loop(model, body):
+    """Runs `body(values, carry, constants, slices) -> (new_values, carry, output)`.
+
+    Returns `run(carry, constants, *sequences) -> (carry, outputs)`: one
+    jitted `jax.lax.scan` over the leading axis of `sequences` (compiled
+    once per length). `new_values[i]` is the value the step assigned to the
+    model's variable `i`, or `None`; only the variables a step assigns (the
+    carried state, adapted weights) travel in the scan's carry — found by
+    tracing one step abstractly — and the others are read as constants, so
+    no iteration copies them. The assigned values are written back into
+    the variables afterwards.
+    """
+    variables = model_state(model)
+
+    @jax.jit
+    def traced(values, carry, constants, *sequences):
+        first = [s[0] for s in sequences]
+        probe = jax.eval_shape(lambda v, c: body(v, c, constants, first)[0], values, carry)
+        assigned = [i for i, new in enumerate(probe) if new is not None]
+
+        def step(state, slices):
+            changing, carry = state
+            current = list(values)
+            for i, value in zip(assigned, changing):
+                current[i] = value
+            new_values, carry, output = body(current, carry, constants, slices)
+            return ([new_values[i] for i in assigned], carry), output
+
+        initial = [values[i] for i in assigned]
+        (changing, carry), outputs = jax.lax.scan(step, (initial, carry), tuple(sequences))
+        new_values = [None] * len(values)
+        for i, value in zip(assigned, changing):
+            new_values[i] = value
+        return (carry, outputs), new_values
+
+    def run(carry, constants, *sequences):
+        values = [v.value for v in variables]
+        (carry, outputs), new_values = traced(values, carry, constants, *sequences)
+        for variable, new in zip(variables, new_values):
+            if new is not None:
+                variable.assign(new)
+        return carry, outputs
+
+    return variables, run
+
+
+def model_loop(model, fn, jit_compile):
+    del jit_compile
+    variables = []
+
+    def body(values, carry, constants, slices):
+        (carry, output), new_values = _in_scope(
+            variables, values, fn, (carry, constants) + tuple(slices)
+        )
+        return new_values, carry, output
+
+    loop_variables, run = _loop(model, body)
+    variables.extend(loop_variables)
+    return run
+
+
+def model_adaptation_loop(model, variables, objective, update, jit_compile):
+    del jit_compile
+    all_variables = []
+    positions = []
+
+    def body(values, carry, constants, slices):
+        chosen = [values[p] for p in positions]
+
+        def value_of(chosen):
+            current = list(values)
+            for position, value in zip(positions, chosen):
+                current[position] = value
+            (value, aux), new_values = _in_scope(all_variables, current, objective, slices)
+            return value, (aux, new_values)
+
+        (_, (aux, new_values)), gradients = jax.value_and_grad(value_of, has_aux=True)(
+            chosen
+        )
+        new_values = list(new_values)
+        updated = update(chosen, gradients, *constants)
+        for position, old, new in zip(positions, chosen, updated):
+            new_values[position] = new.astype(old.dtype)
+        return new_values, carry, aux
+
+    loop_variables, run = _loop(model, body)
+    all_variables.extend(loop_variables)
+    index = {id(v): i for i, v in enumerate(all_variables)}
+    missing = [v.path for v in variables if id(v) not in index]
+    if missing:
+        raise ValueError(
+            "Expected the variables to adapt to belong to the model. "
+            f"Received variables outside it: {missing}"
+        )
+    positions.extend(index[id(v)] for v in variables)
+
+    def adapt(constants, *sequences):
+        return run((), constants, *sequences)[1]
+
+    return adapt
+
+
 def sync_training_state(model):
     """Puts `fit`'s current state back into the variables (a no-op outside it).
 

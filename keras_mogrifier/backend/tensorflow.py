@@ -60,6 +60,78 @@ def model_gradients(model, variables, fn, jit_compile):
     return tf.function(step, jit_compile=bool(jit_compile))
 
 
+def _loop(body, jit_compile):
+    """`run(carry, constants, *sequences) -> (carry, outputs)` in one trace.
+
+    `body(carry, constants, slices) -> (carry, output)` runs for every
+    index of the leading axis of `sequences`, in order, inside one
+    `tf.while_loop` (the first iteration peeled off, which gives the
+    outputs' dtypes and shapes); the model's variables are read and
+    assigned inside the trace as in eager mode, so each iteration sees what
+    the previous one assigned. The number of iterations is a tensor: any
+    length runs the same trace.
+    """
+
+    def run(carry, constants, *sequences):
+        length = tf.shape(sequences[0])[0]
+        carry, first = body(carry, constants, [s[0] for s in sequences])
+        flat = tf.nest.flatten(first)
+        arrays = [
+            tf.TensorArray(o.dtype, size=length, element_shape=o.shape).write(0, o)
+            for o in flat
+        ]
+
+        def step(k, carry, arrays):
+            carry, output = body(carry, constants, [s[k] for s in sequences])
+            arrays = [a.write(k, o) for a, o in zip(arrays, tf.nest.flatten(output))]
+            return k + 1, carry, arrays
+
+        _, carry, arrays = tf.while_loop(
+            lambda k, carry, arrays: k < length, step, (tf.constant(1), carry, arrays)
+        )
+        return carry, tf.nest.pack_sequence_as(first, [a.stack() for a in arrays])
+
+    return tf.function(run, jit_compile=bool(jit_compile), reduce_retracing=True)
+
+
+def model_loop(model, fn, jit_compile):
+    del model  # variables are read and assigned inside the trace
+
+    def body(carry, constants, slices):
+        return fn(carry, constants, *slices)
+
+    return _loop(body, jit_compile)
+
+
+def model_adaptation_loop(model, variables, objective, update, jit_compile):
+    del model
+    raw = [_raw(v) for v in variables]
+    # Memory-bound elementwise work over every adapted weight: one XLA
+    # cluster, also inside a loop that is not compiled with XLA.
+    update = tf.function(update, jit_compile=True)
+
+    def body(carry, constants, slices):
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(raw)
+            value, aux = objective(*slices)
+        gradients = tape.gradient(value, raw)
+        gradients = [
+            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+            for v, g in zip(raw, gradients)
+        ]
+        new = update([tf.convert_to_tensor(v) for v in raw], gradients, *constants)
+        for variable, value in zip(raw, new):
+            variable.assign(tf.cast(value, variable.dtype))
+        return carry, aux
+
+    run = _loop(body, jit_compile)
+
+    def adapt(constants, *sequences):
+        return run((), constants, *sequences)[1]
+
+    return adapt
+
+
 def sync_training_state(model):
     del model  # `fit` updates the variables themselves
 

@@ -76,6 +76,114 @@ def model_gradients(model, variables, fn, jit_compile):
     return run
 
 
+def sparse_crossentropy(ids, logits):
+    """Cross-entropy of every token, on a `(tokens, vocab)` matrix.
+
+    `torch.nn.functional.cross_entropy` on `(batch, time, vocab)` logits
+    would need the classes on axis 1: Keras moves and copies the tensor,
+    forward and backward (a third of a 2 × 256, 10k-word training step).
+    """
+    logits = keras.ops.convert_to_tensor(logits)
+    ids = keras.ops.convert_to_tensor(ids)
+    flat = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), ids.reshape(-1).long(), reduction="none"
+    )
+    return flat.reshape(ids.shape)
+
+
+def rnn(
+    step_function,
+    inputs,
+    initial_states,
+    go_backwards=False,
+    mask=None,
+    constants=None,
+    unroll=False,
+    input_length=None,
+    time_major=False,
+    zero_output_for_mask=False,
+    return_all_outputs=True,
+):
+    """The unmasked time loop, with nothing but the steps in it.
+
+    Keras's PyTorch loop computes the first step twice (once to learn the
+    output's shape) and counts time in a tensor; at batch 1 and a few steps
+    (dynamic evaluation's segments, generation) that is a large share of
+    the work. This loop runs each step once. Masks and constants are left
+    to Keras's loop (returns `None`).
+    """
+    del unroll, input_length, zero_output_for_mask  # no mask: nothing to do
+    if mask is not None or constants:
+        return None
+    if not time_major:
+        inputs = torch.transpose(inputs, 0, 1)
+    steps = torch.unbind(inputs, 0)
+    if go_backwards:
+        steps = steps[::-1]
+    states = tuple(initial_states)
+    outputs = []
+    for x_t in steps:
+        output, states = step_function(x_t, states)
+        states = tuple(states)
+        if return_all_outputs or not outputs:
+            outputs.append(output)
+        else:
+            outputs[0] = output
+    stacked = torch.stack(outputs)
+    if not time_major:
+        stacked = torch.transpose(stacked, 0, 1)
+    return outputs[-1], stacked, states
+
+
+def _stacked(outputs):
+    return torch.utils._pytree.tree_map(
+        lambda *xs: torch.stack(xs), *outputs
+    ) if len(outputs) > 1 else torch.utils._pytree.tree_map(
+        lambda x: x[None], outputs[0]
+    )
+
+
+def model_loop(model, fn, jit_compile):
+    """A Python loop over the leading axis, under `torch.no_grad()`.
+
+    Nothing leaves the device between iterations (no host round trip); the
+    outputs are stacked at the end.
+    """
+    del model, jit_compile
+
+    def run(carry, constants, *sequences):
+        outputs = []
+        with torch.no_grad():
+            for k in range(int(sequences[0].shape[0])):
+                carry, output = fn(carry, constants, *[s[k] for s in sequences])
+                outputs.append(output)
+        return carry, _stacked(outputs)
+
+    return run
+
+
+def model_adaptation_loop(model, variables, objective, update, jit_compile):
+    """Gradient, update and assignment per index, in a Python loop.
+
+    The update runs under `torch.no_grad()` and is copied into the
+    variables in place; nothing is read back to the host in the loop.
+    """
+    gradients_of = model_gradients(model, variables, objective, jit_compile)
+
+    def adapt(constants, *sequences):
+        outputs = []
+        for k in range(int(sequences[0].shape[0])):
+            aux, gradients = gradients_of(*[s[k] for s in sequences])
+            with torch.no_grad():
+                values = [v.value for v in variables]
+                for variable, value in zip(variables, update(values, gradients, *constants)):
+                    variable.assign(value)
+            outputs.append(aux)
+        return _stacked(outputs)
+
+    return adapt
+
+
 def sync_training_state(model):
     del model  # `fit` updates the variables themselves
 

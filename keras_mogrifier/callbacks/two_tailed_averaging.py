@@ -12,6 +12,28 @@ from keras_mogrifier.optimizers.two_tailed_controller import TwoTailedController
 
 logger = logging.getLogger(__name__)
 
+UNREGULARIZED_LOSS = "unregularized_loss"
+
+
+def _weight_penalty(model):
+    """Σ of the weight regularizers at the current weights (what `evaluate`
+    adds to the compiled loss on top of the data's loss)."""
+    total, seen = 0.0, set()
+    for variable in model.variables:
+        regularizer = getattr(variable, "regularizer", None)
+        if regularizer is None or id(variable) in seen:
+            continue
+        seen.add(id(variable))
+        total += float(keras.ops.convert_to_numpy(regularizer(variable.value)))
+    return total
+
+
+def _has_activity_regularizer(model):
+    return any(
+        getattr(layer, "activity_regularizer", None) is not None
+        for layer in model._flatten_layers(include_self=True)
+    )
+
 
 def _find_two_tailed_optimizer(optimizer):
     """The `TwoTailedAveragingOptimizer` in a chain of wrappers, or `None`."""
@@ -73,7 +95,15 @@ class TwoTailedAveraging(keras.callbacks.Callback):
             (Algorithm 2 of the paper; see `TwoTailedController`). Defaults
             to `True`.
         monitor: str. Which entry of `model.evaluate(..., return_dict=True)`
-            is the loss to minimise. Defaults to `"loss"`.
+            is the loss to minimise, or `"unregularized_loss"`: Keras's
+            `"loss"` less the weight penalties that `evaluate` adds to the
+            compiled loss (the L2 term), i.e. the validation loss itself.
+            Circling Back's averaging compares the averages by validation
+            quality, not by a penalty that shrinks as they average (an
+            average of weights has a smaller L2 norm than its iterates, which
+            would favour it for no better prediction). A model with activity
+            regularizers needs an explicit `monitor` (their penalty depends
+            on the data). Defaults to `"unregularized_loss"`.
         validation_steps: int or None. Passed to `model.evaluate` as `steps`.
         batch_size: int or None. Passed to `model.evaluate`.
         evaluate_fn: callable or None. `evaluate_fn(model) -> float`, a loss
@@ -110,7 +140,7 @@ class TwoTailedAveraging(keras.callbacks.Callback):
         evaluation_frequency=1000,
         patience=3,
         prefer_raw_early=True,
-        monitor="loss",
+        monitor="unregularized_loss",
         validation_steps=None,
         batch_size=None,
         evaluate_fn=None,
@@ -135,6 +165,12 @@ class TwoTailedAveraging(keras.callbacks.Callback):
         self.controller = TwoTailedController(
             patience=patience, prefer_raw_early=prefer_raw_early
         )
+        if not isinstance(monitor, str):
+            raise ValueError(
+                "Expected `monitor` to be the name of an entry of "
+                "`model.evaluate(..., return_dict=True)` or "
+                f"'unregularized_loss'. Received: monitor={monitor!r}"
+            )
         self.monitor = monitor
         self.validation_steps = _validation.optional_positive_int(
             "validation_steps", validation_steps
@@ -218,10 +254,12 @@ class TwoTailedAveraging(keras.callbacks.Callback):
             verbose=0,
             return_dict=True,
         )
+        if self.monitor == UNREGULARIZED_LOSS:
+            return float(results["loss"]) - _weight_penalty(self.model)
         if self.monitor not in results:
             raise ValueError(
-                f"Expected `monitor` to be one of {sorted(results)}. "
-                f"Received: monitor={self.monitor!r}"
+                f"Expected `monitor` to be one of {sorted(results)} or "
+                f"{UNREGULARIZED_LOSS!r}. Received: monitor={self.monitor!r}"
             )
         return float(results[self.monitor])
 
@@ -295,6 +333,17 @@ class TwoTailedAveraging(keras.callbacks.Callback):
                 "keras_mogrifier.optimizers.TwoTailedAveragingOptimizer, e.g. "
                 "optimizer=TwoTailedAveragingOptimizer(RectifiedAdam()). "
                 f"Received: optimizer={self.model.optimizer!r}"
+            )
+        if (
+            self.monitor == UNREGULARIZED_LOSS
+            and self.evaluate_fn is None
+            and _has_activity_regularizer(self.model)
+        ):
+            raise ValueError(
+                "Expected an explicit `monitor` (a metric of "
+                "`model.evaluate`) for a model with activity regularizers: "
+                "their penalty depends on the data, so it cannot be taken "
+                "out of the loss. Received: monitor='unregularized_loss'"
             )
         if self.raw_weights is not None:
             # A previous fit left the average in the model.

@@ -188,19 +188,25 @@ class StreamDataset(keras.utils.PyDataset):
 
         Only the tokens the batches use are checked (`max_batches` and
         `max_tokens` may leave the end of the streams out). Ids are known to
-        be non-negative integers (checked at construction).
+        be non-negative integers (checked at construction). The ids of a
+        `Corpus` (and slices of them) were checked when it was made: they
+        are not scanned again.
 
         Raises:
             ValueError: naming the first batch holding a bad id (as input or
                 as target), the stream and the token's position in it.
         """
         vocabulary_size = positive_int("vocabulary_size", vocabulary_size)
+        if _validation.ids_known_below(self.streams, vocabulary_size):
+            return  # a corpus's ids, checked when it was made
         used = min(
             self.streams.shape[1], self._num_windows * self.sequence_length + 1
         )
-        bad = self.streams[:, :used] >= vocabulary_size
-        if not np.any(bad):
+        try:  # the one scan of `_validation`; then where the bad id is
+            _validation.scan_token_ids("ids", self.streams[:, :used], vocabulary_size)
             return
+        except ValueError:
+            bad = self.streams[:, :used] >= vocabulary_size
         token = int(np.flatnonzero(bad.any(axis=0))[0])
         stream = int(np.flatnonzero(bad[:, token])[0])
         # Token t is the input of batch t // T and the target of (t-1) // T.

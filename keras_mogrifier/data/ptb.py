@@ -8,7 +8,7 @@ import keras
 
 from keras_mogrifier._validation import one_of
 from keras_mogrifier._validation import positive_float
-from keras_mogrifier.data.corpus import LEVELS
+from keras_mogrifier.data.reader import LEVELS
 from keras_mogrifier.data.corpus import SPLITS
 from keras_mogrifier.data.corpus import load_corpus
 from keras_mogrifier.data.synthetic import synthetic_corpus
@@ -65,8 +65,8 @@ def load_ptb(
     Args:
         data_dir: str, path or `None`. Directory of the PTB files. Defaults to
             `None`.
-        level: str. `"word"` or `"char"` tokens (see `load_corpus`).
-            Defaults to `"word"`.
+        level: str. `"word"`, `"char"` or `"byte"` tokens (see
+            `keras_mogrifier.data.reader`). Defaults to `"word"`.
         download: bool. Try the download when `data_dir` is `None`. Pass
             `False` to never touch the network. Defaults to `True`.
         fallback: bool. Use the synthetic corpus when nothing else is

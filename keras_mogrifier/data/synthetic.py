@@ -1,20 +1,29 @@
-"""The embedded default corpus: sentences of a small probabilistic grammar.
+"""The embedded default corpus: news-like documents from a small grammar.
 
 When neither a data directory nor a download of the Penn Treebank is
 available, the library falls back to this corpus. It is entirely the
-project's own: a hand-written probabilistic grammar (word lists below) and a
-seeded sampler — no third-party text. It is built to look like the
-preprocessed Penn Treebank (lower case, no punctuation, numbers as `N`,
-rare words as `<unk>`, one sentence per line) and to be learnable:
+project's own: a hand-written probabilistic grammar (word lists below), name
+pools made from its own syllables, and a seeded sampler — no third-party
+text. It is built to look like the preprocessed Penn Treebank (lower case,
+no punctuation, numbers as `N`, rare words as `<unk>`, one sentence per
+line) and to be learnable:
 
-- a vocabulary of about 500 words whose frequencies follow Zipf's law within
-  each word class;
+- a vocabulary of about 1,000 words whose frequencies follow Zipf's law
+  within each word class;
 - local structure (determiner → adjective → noun, modal → base verb,
   `n't` after an auxiliary) that a bigram model captures;
 - longer-range structure that it does not: subject–verb number agreement
   across prepositional phrases and relative clauses, verb classes that select
   animate or inanimate objects, pronoun case, reported speech (`said that`
-  followed by a clause), company names followed by `corp`/`inc`.
+  followed by a clause), company names followed by `corp`/`inc`;
+- **documents**, the way news text comes: a blank line (an `<eos>` alone)
+  separates them, and each document is about a topic (its nouns are much
+  more frequent there) and a few entities of its own — people (a title and
+  a surname) and companies (a name and its suffix) drawn from pools of
+  hundreds — that it mentions again and again. Which names a document
+  repeats cannot be known before it starts, so a model that adapts to the
+  text as it reads (dynamic evaluation, a cache) predicts them far better
+  than the trained model alone.
 
 A small LSTM reaches a perplexity far below the unigram perplexity. The
 generator uses only `random.Random.random` with a string seed, so the text is
@@ -24,6 +33,7 @@ a second.
 
 import bisect
 import functools
+import math
 import random
 
 from keras_mogrifier._validation import non_negative_int
@@ -346,6 +356,114 @@ _ORDINALS = ["first", "second", "third", "fourth"]
 _WEEKDAYS = ["monday", "tuesday", "wednesday", "thursday", "friday"]
 _NUMBER_UNITS = ["percent", "million", "billion", "points", "cents"]
 
+# Topics of documents: the things (singular, plural) and the people a
+# document about the topic talks about far more often than others do.
+_TOPICS = [
+    {
+        "things": [("car", "cars"), ("truck", "trucks"), ("engine", "engines"),
+                   ("model", "models"), ("vehicle", "vehicles"), ("recall", "recalls"),
+                   ("dealership", "dealerships"), ("tire", "tires")],
+        "people": [("dealer", "dealers"), ("driver", "drivers"), ("mechanic", "mechanics")],
+    },
+    {
+        "things": [("loan", "loans"), ("deposit", "deposits"), ("mortgage", "mortgages"),
+                   ("branch", "branches"), ("account", "accounts"), ("rate", "rates"),
+                   ("lender", "lenders"), ("reserve", "reserves")],
+        "people": [("banker", "bankers"), ("borrower", "borrowers"), ("saver", "savers")],
+    },
+    {
+        "things": [("computer", "computers"), ("chip", "chips"), ("software", "software"),
+                   ("device", "devices"), ("server", "servers"), ("network", "networks"),
+                   ("screen", "screens"), ("printer", "printers")],
+        "people": [("engineer", "engineers"), ("programmer", "programmers"), ("user", "users")],
+    },
+    {
+        "things": [("drug", "drugs"), ("trial", "trials"), ("patent", "patents"),
+                   ("vaccine", "vaccines"), ("treatment", "treatments"), ("dose", "doses"),
+                   ("clinic", "clinics"), ("hospital", "hospitals")],
+        "people": [("doctor", "doctors"), ("patient", "patients"), ("researcher", "researchers")],
+    },
+    {
+        "things": [("well", "wells"), ("pipeline", "pipelines"), ("barrel", "barrels"),
+                   ("refinery", "refineries"), ("rig", "rigs"), ("tanker", "tankers"),
+                   ("field", "fields"), ("reactor", "reactors")],
+        "people": [("driller", "drillers"), ("geologist", "geologists"), ("supplier", "suppliers")],
+    },
+    {
+        "things": [("store", "stores"), ("mall", "malls"), ("brand", "brands"),
+                   ("chain", "chains"), ("catalog", "catalogs"), ("discount", "discounts"),
+                   ("outlet", "outlets"), ("item", "items")],
+        "people": [("shopper", "shoppers"), ("clerk", "clerks"), ("retailer", "retailers")],
+    },
+    {
+        "things": [("newspaper", "newspapers"), ("station", "stations"), ("show", "shows"),
+                   ("magazine", "magazines"), ("channel", "channels"), ("ad", "ads"),
+                   ("studio", "studios"), ("film", "films")],
+        "people": [("advertiser", "advertisers"), ("viewer", "viewers"), ("producer", "producers")],
+    },
+    {
+        "things": [("airline", "airlines"), ("flight", "flights"), ("jet", "jets"),
+                   ("route", "routes"), ("airport", "airports"), ("fare", "fares"),
+                   ("ticket", "tickets"), ("carrier", "carriers")],
+        "people": [("passenger", "passengers"), ("pilot", "pilots"), ("traveler", "travelers")],
+    },
+    {
+        "things": [("court", "courts"), ("ruling", "rulings"), ("suit", "suits"),
+                   ("case", "cases"), ("appeal", "appeals"), ("verdict", "verdicts"),
+                   ("claim", "claims"), ("settlement", "settlements")],
+        "people": [("judge", "judges"), ("lawyer", "lawyers"), ("plaintiff", "plaintiffs")],
+    },
+    {
+        "things": [("crop", "crops"), ("harvest", "harvests"), ("farm", "farms"),
+                   ("tractor", "tractors"), ("grain", "grains"), ("herd", "herds"),
+                   ("acre", "acres"), ("subsidy", "subsidies")],
+        "people": [("farmer", "farmers"), ("grower", "growers"), ("rancher", "ranchers")],
+    },
+    {
+        "things": [("home", "homes"), ("apartment", "apartments"), ("tower", "towers"),
+                   ("permit", "permits"), ("lot", "lots"), ("rent", "rents"),
+                   ("lease", "leases"), ("mall", "malls")],
+        "people": [("builder", "builders"), ("tenant", "tenants"), ("landlord", "landlords")],
+    },
+    {
+        "things": [("bond", "bonds"), ("stock", "stocks"), ("index", "indexes"),
+                   ("future", "futures"), ("option", "options"), ("yield", "yields"),
+                   ("trade", "trades"), ("portfolio", "portfolios")],
+        "people": [("trader", "traders"), ("broker", "brokers"), ("investor", "investors")],
+    },
+]
+
+# Name pools: the hand-written names above, then names made of the
+# syllables below (a seeded draw, the same everywhere), so that the pools
+# are large: a name is rare in the corpus as a whole and frequent inside the
+# few documents about its bearer.
+_NAME_ONSETS = ["b", "br", "c", "d", "dr", "f", "g", "gr", "h", "j", "k", "l", "m",
+                "n", "p", "pr", "r", "s", "st", "t", "tr", "v", "w", "z"]
+_NAME_VOWELS = ["a", "e", "i", "o", "u", "a", "e", "o", "ai", "ou"]
+_NAME_CODAS = ["", "", "n", "r", "l", "s", "m", "nd", "rk", "ll", "st", "rt"]
+_PERSON_ENDINGS = ["son", "er", "ey", "ski", "ez", "ov", "berg", "ton", "ell",
+                   "ard", "ini", "man", "stein", "ford"]
+_COMPANY_ENDINGS = ["ex", "ia", "tek", "ix", "ora", "line", "wood", "field",
+                    "bridge", "tron", "dyne", "vale", "gate", "star"]
+_NUM_PEOPLE = 300
+_NUM_COMPANIES = 200
+
+
+def _name_pool(seeded, ending_list, size, taken):
+    rng = random.Random(f"keras_mogrifier.synthetic/names/{seeded}")
+    pool = []
+    while len(pool) < size:
+        parts = [
+            rng.choice(_NAME_ONSETS), rng.choice(_NAME_VOWELS),
+            rng.choice(_NAME_CODAS), rng.choice(ending_list),
+        ]
+        name = "".join(parts)
+        if name not in taken:
+            taken.add(name)
+            pool.append(name)
+    return pool
+
+
 _UNK_RATE = 0.08  # share of content words replaced by <unk>, as in PTB
 
 
@@ -367,11 +485,37 @@ class _Choice:
         return self.items[min(index, len(self.items) - 1)]
 
 
+def _grammar_words():
+    words = set(_COMPANY_SUFFIX) | set(_TITLES) | set(_PERSON_NAMES) | set(_COMPANY_NAMES)
+    for pairs in (_PEOPLE, _THINGS):
+        words.update(w for pair in pairs for w in pair)
+    for topic in _TOPICS:
+        for pairs in topic.values():
+            words.update(w for pair in pairs for w in pair)
+    for verbs in (_VERBS_THING_OBJECT, _VERBS_PERSON_OBJECT, _VERBS_INTRANSITIVE,
+                  _VERBS_PERSON_INTRANSITIVE, _VERBS_SAY):
+        words.update(w for forms in verbs for w in forms)
+    for words_list in (_ADJ_PEOPLE, _ADJ_THINGS, _MODALS, _PREPOSITIONS, _MOVE_ADVERBS,
+                       _SENTENCE_ADVERBS, _CONJUNCTIONS, _TIME_NOUNS, _ORDINALS,
+                       _WEEKDAYS, _NUMBER_UNITS):
+        words.update(words_list)
+    return words
+
+
+_TAKEN = _grammar_words()
+_PERSON_POOL = _PERSON_NAMES + _name_pool(
+    "people", _PERSON_ENDINGS, _NUM_PEOPLE - len(_PERSON_NAMES), _TAKEN
+)
+_COMPANY_POOL = _COMPANY_NAMES + _name_pool(
+    "companies", _COMPANY_ENDINGS, _NUM_COMPANIES - len(_COMPANY_NAMES), _TAKEN
+)
+
 _PICK = {
     "people": _Choice(_PEOPLE),
     "things": _Choice(_THINGS),
-    "person_names": _Choice(_PERSON_NAMES, 0.7),
-    "company_names": _Choice(_COMPANY_NAMES, 0.7),
+    # Any name is about as likely as any other before a document names it.
+    "person_names": _Choice(_PERSON_POOL, 0.3),
+    "company_names": _Choice(_COMPANY_POOL, 0.3),
     "company_suffix": _Choice(_COMPANY_SUFFIX),
     "titles": _Choice(_TITLES, 1.5),
     "adj_people": _Choice(_ADJ_PEOPLE),
@@ -400,17 +544,90 @@ _PICK = {
 _SG, _PL = 0, 1
 
 
+# Documents: their length in sentences (at least _DOC_MIN, then
+# geometric with mean _DOC_MEAN more), how often a name slot names one of the
+# document's own entities (else any name of the pool, once), how often a
+# noun is one of the topic's, and how often names are used at all.
+_DOC_MIN, _DOC_MEAN = 6, 20
+_OWN_ENTITY = 0.9
+_TOPIC_THING, _TOPIC_PERSON = 0.6, 0.35
+_PERSON_NAME_RATE, _COMPANY_NAME_RATE = 0.4, 0.35
+_PICK["topics"] = _Choice(range(len(_TOPICS)), 0.0)
+_TOPIC_PICK = [
+    {"things": _Choice(t["things"]), "people": _Choice(t["people"])} for t in _TOPICS
+]
+
+
+class _Document:
+    """What one document is about: a topic and its own people and companies."""
+
+    def __init__(self, sampler):
+        r = sampler.r
+        self.topic = _TOPIC_PICK[sampler.pick("topics")]
+        self.sentences_left = _DOC_MIN + int(-_DOC_MEAN * math.log(1.0 - r()))
+        people, companies = [], []
+        for _ in range(1 + int(r() * 2)):  # 1-2 people
+            people.append((sampler.pick("titles"), sampler.pick("person_names")))
+        for _ in range(1 + int(r() * 2)):  # 1-2 companies
+            suffix = sampler.pick("company_suffix") if r() < 0.7 else None
+            companies.append((sampler.pick("company_names"), suffix))
+        # The first named is the main one: Zipf over the document's entities.
+        self.people = _Choice(people)
+        self.companies = _Choice(companies)
+
+
 class _Sampler:
-    """Samples sentences; every method appends words to `out`."""
+    """Samples documents of sentences; every method appends words to `out`."""
 
     def __init__(self, rng):
         self.r = rng.random
+        self.document = None
 
     def pick(self, name):
         return _PICK[name](self.r)
 
     def content(self, word):
         return UNK_TOKEN if self.r() < _UNK_RATE else word
+
+    def next_line(self):
+        """The next line: a sentence, or `""` between two documents."""
+        if self.document is not None and self.document.sentences_left == 0:
+            self.document = None
+            return []
+        if self.document is None:
+            self.document = _Document(self)
+        self.document.sentences_left -= 1
+        return self.sentence()
+
+    def thing(self, number):
+        if self.r() < _TOPIC_THING:
+            return self.document.topic["things"](self.r)[number]
+        return self.pick("things")[number]
+
+    def person_noun(self, number):
+        if self.r() < _TOPIC_PERSON:
+            return self.document.topic["people"](self.r)[number]
+        return self.pick("people")[number]
+
+    def person_name(self, out):
+        if self.r() < _OWN_ENTITY:
+            title, name = self.document.people(self.r)
+            out.append(title)
+            out.append(name)
+        else:  # someone mentioned once
+            out.append(self.pick("titles"))
+            out.append(self.content(self.pick("person_names")))
+
+    def company_name(self, out):
+        if self.r() < _OWN_ENTITY:
+            name, suffix = self.document.companies(self.r)
+            out.append(name)
+            if suffix is not None and self.r() < 0.8:
+                out.append(suffix)
+        else:
+            out.append(self.content(self.pick("company_names")))
+            if self.r() < 0.6:
+                out.append(self.pick("company_suffix"))
 
     def sentence(self):
         out = []
@@ -448,22 +665,19 @@ class _Sampler:
                         else ("them", "us")[self.r() < 0.2]
                     )
                 return
-            if r < 0.3 and number == _SG:
-                out.append(self.pick("titles"))
-                out.append(self.content(self.pick("person_names")))
+            if r < 0.12 + _PERSON_NAME_RATE and number == _SG:
+                self.person_name(out)
                 return
             out.append(self.pick("det_sg" if number == _SG else "det_pl"))
             if self.r() < 0.3:
                 out.append(self.pick("adj_people"))
-            out.append(self.content(self.pick("people")[number]))
+            out.append(self.content(self.person_noun(number)))
             if depth < 1 and self.r() < 0.12:
                 out.append("who")
                 self.verb_phrase(out, number, True, depth + 1)
         else:
-            if r < 0.15 and number == _SG:
-                out.append(self.content(self.pick("company_names")))
-                if self.r() < 0.6:
-                    out.append(self.pick("company_suffix"))
+            if r < _COMPANY_NAME_RATE and number == _SG:
+                self.company_name(out)
                 return
             if r < 0.25 and number == _PL:
                 out.append("N")
@@ -473,7 +687,7 @@ class _Sampler:
                     out.append(self.content(self.pick("adj_things")))
                     if self.r() < 0.15:
                         out.append(self.content(self.pick("adj_things")))
-            out.append(self.content(self.pick("things")[number]))
+            out.append(self.content(self.thing(number)))
             if depth < 2 and self.r() < 0.18:
                 out.append(self.pick("preps"))
                 self.noun_phrase(
@@ -566,7 +780,7 @@ def _lines(num_tokens, seed, split):
     lines = []
     count = 0
     while count < num_tokens:
-        words = sampler.sentence()
+        words = sampler.next_line()
         lines.append(" ".join(words))
         count += len(words) + 1  # + <eos>
     return tuple(lines)

@@ -1,5 +1,6 @@
-"""Token ↔ id mapping of a language-modelling corpus."""
+"""Token ↔ id mapping of a language-modelling corpus, and text ↔ ids."""
 
+import codecs
 import collections
 import json
 import os
@@ -8,7 +9,32 @@ import numpy as np
 
 EOS_TOKEN = "<eos>"
 UNK_TOKEN = "<unk>"
+LEVELS = ("word", "char", "byte")
 _FORMAT = "keras_mogrifier.Vocabulary"
+# Byte level: id b is the byte b, and <eos> (a line end) comes after them.
+BYTE_EOS_ID = 256
+_NEWLINE = 10
+
+
+def byte_token(value):
+    """The token of byte `value`: printable ASCII as itself, else `<0xNN>`."""
+    return chr(value) if 0x20 <= value < 0x7F else f"<0x{value:02X}>"
+
+
+BYTE_TOKENS = tuple(byte_token(b) for b in range(256))
+
+
+def infer_level(tokens):
+    """The level of a vocabulary given (or saved) without one.
+
+    The byte tokens then `<eos>` are the byte level; character-level
+    vocabularies hold the space token `" "`, which no word-level one can
+    (words never contain whitespace).
+    """
+    tokens = tuple(tokens)
+    if tokens[:256] == BYTE_TOKENS and len(tokens) == 257:
+        return "byte"
+    return "char" if " " in tokens else "word"
 
 
 def _check_token_name(name, value):
@@ -33,6 +59,13 @@ class Vocabulary:
     the vocabulary lacks to it; otherwise it raises a `ValueError` naming
     the token and where it occurred.
 
+    The vocabulary knows the level of its tokens (`level`): `"word"`,
+    `"char"` or `"byte"`, and so reads and writes text: `encode(text)` gives
+    the ids of a string, `decode(ids)` the string of ids (see `encode`).
+    A byte-level vocabulary is always `Vocabulary.bytes()`: id `b` is the
+    byte `b` (its token is the character for printable ASCII, else
+    `"<0xNN>"`), and `<eos>` (id 256) is the line end.
+
     Args:
         tokens: iterable of str. The tokens, in id order, without duplicates.
         eos_token: str. The end-of-sentence token; must be in `tokens`.
@@ -40,6 +73,17 @@ class Vocabulary:
         unk_token: str. The token unknown tokens map to, when it is in
             `tokens` (when it is not, unknown tokens are an error). Defaults
             to `"<unk>"`.
+        level: str or `None`. `"word"`, `"char"` or `"byte"`. Defaults to
+            `None`: `"char"` when `tokens` hold the space token `" "` (which
+            no word can be), else `"word"`.
+        encoding: str. The text encoding of a byte-level vocabulary (how
+            `encode` turns a string into bytes and `decode` bytes into a
+            string). Defaults to `"utf-8"`.
+        tokenizer: callable or `None`. Word level: how `encode` splits a
+            line into tokens (the one the corpus was read with). It is not
+            saved: a reloaded vocabulary splits on whitespace unless given
+            one again (`vocabulary.tokenizer = fn`). Defaults to `None`
+            (whitespace).
 
     Example:
 
@@ -50,9 +94,21 @@ class Vocabulary:
     [3, 0]
     >>> vocab.to_tokens([2, 1])
     ['b', '<eos>']
+    >>> vocab.decode(vocab.encode("c a\\nb"))
+    'c a <eos> b'
+    >>> Vocabulary.bytes().decode(Vocabulary.bytes().encode("naïve"))
+    'naïve'
     """
 
-    def __init__(self, tokens, eos_token=EOS_TOKEN, unk_token=UNK_TOKEN):
+    def __init__(
+        self,
+        tokens,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        level=None,
+        encoding="utf-8",
+        tokenizer=None,
+    ):
         _check_token_name("eos_token", eos_token)
         _check_token_name("unk_token", unk_token)
         if isinstance(tokens, str):
@@ -61,6 +117,24 @@ class Vocabulary:
                 f"Received: tokens={tokens[:50]!r}"
             )
         tokens = list(tokens)
+        if level is None:
+            level = infer_level(tokens)
+        if level not in LEVELS:
+            raise ValueError(
+                f"Expected `level` to be one of {list(LEVELS)}. Received: level={level!r}"
+            )
+        try:
+            codecs.lookup(encoding)
+        except (LookupError, TypeError):
+            raise ValueError(
+                "Expected `encoding` to be a text encoding Python knows (e.g. "
+                f"'utf-8'). Received: encoding={encoding!r}"
+            ) from None
+        if tokenizer is not None and not callable(tokenizer):
+            raise ValueError(
+                "Expected `tokenizer` to be a callable (a line → its tokens) or "
+                f"None. Received: tokenizer={tokenizer!r}"
+            )
         for token in tokens:
             if not isinstance(token, str) or not token:
                 raise ValueError(
@@ -80,22 +154,63 @@ class Vocabulary:
                 f"Expected the end-of-sentence token {eos_token!r} among "
                 f"`tokens`. Received {len(tokens)} tokens without it"
             )
+        if level == "byte" and (
+            tuple(tokens) != BYTE_TOKENS + (eos_token,) or unk_token in index
+        ):
+            raise ValueError(
+                "Expected a byte-level vocabulary to be the 256 byte tokens "
+                "and the end-of-sentence token, in that order "
+                f"(`Vocabulary.bytes()`). Received {len(tokens)} tokens: "
+                f"{tokens[:5]!r}..."
+            )
+        if level == "char":
+            long = [t for t in tokens if len(t) != 1 and t not in (eos_token, unk_token)]
+            if long:
+                raise ValueError(
+                    "Expected a character-level vocabulary to hold single "
+                    f"characters (and {eos_token!r}, {unk_token!r}). Received "
+                    f"longer tokens: {long[:5]!r}"
+                )
         self._tokens = tokens
         self._index = index
         self.eos_token = eos_token
         self.unk_token = unk_token
+        self.level = level
+        self.encoding = encoding
+        self.tokenizer = tokenizer
 
     @classmethod
-    def build(cls, tokens, eos_token=EOS_TOKEN, unk_token=UNK_TOKEN):
+    def bytes(cls, encoding="utf-8", eos_token=EOS_TOKEN):
+        """The byte-level vocabulary: the 256 byte values, then `<eos>`.
+
+        Args:
+            encoding: str. How `encode` / `decode` turn strings into bytes and
+                back. Defaults to `"utf-8"`.
+            eos_token: str. Defaults to `"<eos>"`.
+
+        Returns:
+            A `Vocabulary` with `level="byte"`.
+        """
+        return cls(
+            BYTE_TOKENS + (eos_token,), eos_token=eos_token, level="byte",
+            encoding=encoding,
+        )
+
+    @classmethod
+    def build(cls, tokens, eos_token=EOS_TOKEN, unk_token=UNK_TOKEN, level=None):
         """Builds the vocabulary of a token stream (e.g. a training split).
 
         Ids follow decreasing count, then lexicographic order. `eos_token` is
-        added (last) when the stream lacks it.
+        added (last) when the stream lacks it. (The corpus readers build
+        theirs with `min_count` and `max_size` as well: see
+        `keras_mogrifier.data.load_text`.)
 
         Args:
             tokens: iterable of str. The training tokens.
             eos_token: str. Defaults to `"<eos>"`.
             unk_token: str. Defaults to `"<unk>"`.
+            level: str or `None`. `"word"` or `"char"`. Defaults to `None`
+                (inferred, as in the constructor).
 
         Returns:
             A `Vocabulary`.
@@ -112,7 +227,7 @@ class Vocabulary:
         ]
         if eos_token not in counts:
             ordered.append(eos_token)
-        return cls(ordered, eos_token=eos_token, unk_token=unk_token)
+        return cls(ordered, eos_token=eos_token, unk_token=unk_token, level=level)
 
     @property
     def tokens(self):
@@ -144,15 +259,17 @@ class Vocabulary:
             and self._tokens == other._tokens
             and self.eos_token == other.eos_token
             and self.unk_token == other.unk_token
+            and self.level == other.level
+            and self.encoding == other.encoding
         )
 
     def __hash__(self):
-        return hash((tuple(self._tokens), self.eos_token, self.unk_token))
+        return hash((tuple(self._tokens), self.eos_token, self.unk_token, self.level))
 
     def __repr__(self):
         head = ", ".join(repr(t) for t in self._tokens[:5])
         more = ", ..." if len(self) > 5 else ""
-        return f"Vocabulary(size={len(self)}, tokens=[{head}{more}])"
+        return f"Vocabulary(level={self.level!r}, size={len(self)}, tokens=[{head}{more}])"
 
     def token_to_id(self, token):
         """The id of one token (the `<unk>` id for an unknown token, if any)."""
@@ -222,6 +339,11 @@ class Vocabulary:
         Returns:
             A list of str.
         """
+        ids = self._check_ids(ids)
+        tokens = self._tokens
+        return [tokens[i] for i in ids.reshape(-1).tolist()]
+
+    def _check_ids(self, ids):
         ids = np.asarray(ids)
         if ids.size and (
             not np.issubdtype(ids.dtype, np.integer)
@@ -232,24 +354,109 @@ class Vocabulary:
                 f"Expected integer ids in [0, {len(self)}). Received ids with "
                 f"dtype {ids.dtype}, min {ids.min()!r} and max {ids.max()!r}"
             )
-        tokens = self._tokens
-        return [tokens[i] for i in ids.reshape(-1).tolist()]
+        return ids
+
+    # === Text ===
+
+    def encode(self, text, where=None):
+        """The int32 ids of `text`, read the way the corpus readers read it.
+
+        Lines (separated by `"\\n"`) are separated by `<eos>` (none after the
+        last line: a prompt continues where it stops). Word level: each
+        line's tokens are `tokenizer(line)` (whitespace-separated words
+        without a tokenizer; `<eos>` may also be written out). Char level:
+        each line's characters, its words re-joined by single spaces. Byte
+        level: the bytes of `text` in `encoding` (or `text` itself, given
+        bytes), with each newline byte as `<eos>`. Tokens the vocabulary
+        lacks become `<unk>`, or without one raise a `ValueError` naming
+        the token and `where`.
+
+        Args:
+            text: str (bytes also at byte level).
+            where: str or `None`. What the text is, for error messages (e.g.
+                `"prompt 1"`). Defaults to `None`.
+
+        Returns:
+            An int32 NumPy array.
+        """
+        if self.level == "byte":
+            if isinstance(text, str):
+                data = text.encode(self.encoding)
+            elif isinstance(text, (bytes, bytearray)):
+                data = bytes(text)
+            else:
+                raise ValueError(
+                    f"Expected a string or bytes to encode. Received: {type(text).__name__}"
+                )
+            ids = np.frombuffer(data, np.uint8).astype(np.int32)
+            ids[ids == _NEWLINE] = BYTE_EOS_ID
+            return ids
+        if not isinstance(text, str):
+            raise ValueError(f"Expected a string to encode. Received: {type(text).__name__}")
+        tokenize = self.tokenizer or str.split
+        tokens = []
+        for i, line in enumerate(text.split("\n")):
+            if i:
+                tokens.append(self.eos_token)
+            if self.level == "word":
+                tokens.extend(tokenize(line))
+            else:
+                tokens.extend(" ".join(line.split()))
+        return self.to_ids(tokens, where=where)
+
+    def decode(self, ids):
+        """The text of `ids`: the inverse of `encode`.
+
+        Word level: tokens joined by spaces (`<eos>` stays visible, as in
+        the corpora). Char level: characters joined, `<eos>` as a newline.
+        Byte level: the bytes, `<eos>` as a newline, decoded from
+        `encoding` (a byte sequence that is not valid there, as a sampled
+        one may be, shows as U+FFFD). `decode(encode(text)) == text` for
+        byte-level text and for char- and word-level text written the way
+        they read it (single spaces, no spaces at line ends).
+
+        Args:
+            ids: iterable of int in `[0, len(self))`.
+
+        Returns:
+            A str.
+        """
+        if self.level == "byte":
+            values = np.asarray(self._check_ids(ids)).reshape(-1).astype(np.int64)
+            values[values == BYTE_EOS_ID] = _NEWLINE
+            return values.astype(np.uint8).tobytes().decode(self.encoding, errors="replace")
+        tokens = self.to_tokens(ids)
+        if self.level == "word":
+            return " ".join(tokens)
+        return "".join("\n" if t == self.eos_token else t for t in tokens)
+
+    # === Saving ===
 
     def get_config(self):
-        """A JSON-serialisable dict from which `from_config` rebuilds it."""
-        return {
+        """A JSON-serialisable dict from which `from_config` rebuilds it.
+
+        The tokenizer is not part of it (a callable is not data).
+        """
+        config = {
             "tokens": list(self._tokens),
             "eos_token": self.eos_token,
             "unk_token": self.unk_token,
+            "level": self.level,
         }
+        if self.level == "byte":
+            config["encoding"] = self.encoding
+        return config
 
     @classmethod
     def from_config(cls, config):
+        config = dict(config)
+        if "level" not in config:  # saved before vocabularies had a level
+            config["level"] = infer_level(config.get("tokens", ()))
         return cls(**config)
 
     def save(self, path):
         """Writes the vocabulary to a JSON file."""
-        data = {"format": _FORMAT, "version": 1, **self.get_config()}
+        data = {"format": _FORMAT, "version": 2, **self.get_config()}
         with open(os.fspath(path), "w", encoding="utf-8") as f:
             json.dump(data, f, ensure_ascii=False, indent=0)
 
@@ -283,7 +490,8 @@ class Vocabulary:
                 f"Expected a vocabulary JSON file written by `Vocabulary.save`. "
                 f"Received: {path!r} without the entries {missing}"
             )
+        config = {k: data[k] for k in ("tokens", "eos_token", "unk_token", "level", "encoding") if k in data}
         try:
-            return cls(data["tokens"], data["eos_token"], data["unk_token"])
+            return cls.from_config(config)
         except ValueError as error:
             raise ValueError(f"In the vocabulary file {path!r}: {error}") from error

@@ -19,7 +19,8 @@ def load_wikitext2(data_dir, level="word", vocabulary=None):
 
     Args:
         data_dir: str or path. The directory of the three files.
-        level: str. `"word"` or `"char"` tokens (see `load_corpus`).
+        level: str. `"word"`, `"char"` or `"byte"` tokens (see
+            `keras_mogrifier.data.reader`).
             Defaults to `"word"`.
         vocabulary: `Vocabulary` or None. Use this vocabulary instead of
             building one. Defaults to `None`.

@@ -4,11 +4,12 @@ Dynamic evaluation (`DynamicEvaluator`) and the neural cache (`NeuralCache`)
 read a stream in the same order — segments of n predicted tokens, the
 recurrent state carried from segment to segment, a progress bar and
 callbacks, the same report — and differ only in what they do with a segment.
-`score_stream` is that common loop; each method passes a `score_segment`
+`score_stream` is that common loop; each method passes a `score_segments`
 function.
 """
 
 import math
+import sys
 
 import keras
 import numpy as np
@@ -16,18 +17,30 @@ import numpy as np
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation.divergence_error import DivergenceError
 
+# A token loss above this (ln of float64's largest number) has a perplexity
+# that no float can hold: the weights have diverged, although the loss is
+# finite (SGD at η = 1e20 gives losses near 4e19). A model with finite
+# logits cannot assign a token e^-709 without logits that far apart.
+MAX_TOKEN_LOSS = math.log(np.finfo("float64").max)
+
+# Segments scored (and adapted to) per compiled call when no callback needs
+# to see the model after each one: no host round trip between them.
+SEGMENTS_PER_CALL = 64
+
 
 def score_stream(
     model,
     streams,
     batch_size,
     segment_length,
-    score_segment,
+    score_segments,
     start_group=None,
     callbacks=None,
     verbose=0,
     stop_on_divergence=True,
     settings=None,
+    keep_final_state=False,
+    segments_per_call=1,
 ):
     """Scores `streams` segment by segment and returns the report.
 
@@ -40,19 +53,32 @@ def score_stream(
             with copies of the first stream at weight 0).
         segment_length: int. n, predicted tokens per segment (the last one is
             padded at weight 0).
-        score_segment: `f(x, y, w, group, segment) -> token losses`, a
-            `(batch_size, n)` array of the loss of every token of the
-            segment (`x`, `y` int32 and `w` float32 NumPy arrays of that shape,
-            `w` 0 for padding).
+        score_segments: `f(x, y, w, group, first) -> token losses`: scores
+            `K` consecutive segments of a group, in order, from segment
+            `first` on, and returns a `(K, batch_size, n)` array of the loss
+            of every token (`x`, `y` int32 and `w` float32 NumPy arrays of
+            that shape, `w` 0 for padding). `K` is at most
+            `segments_per_call`.
         start_group: `f(group)` or None, called before a group's first
             segment (after its state reset).
         callbacks: list of `keras.callbacks.Callback` or None: they get
             `on_test_begin`, `on_test_batch_begin/end` (one batch per segment,
             logs with the running `loss` and `perplexity`) and `on_test_end`.
+            With `segments_per_call > 1` a call's segments are reported
+            together, after the call.
         verbose: 0, 1 or 2: Keras's progress bar (with an ETA).
         stop_on_divergence: bool. Raise `DivergenceError` at the first segment
-            whose loss is not finite.
+            with a token loss that is not finite or above `MAX_TOKEN_LOSS`
+            (709.78 nats), found after the call that scored it.
         settings: dict or None. Named in a `DivergenceError`.
+        keep_final_state: bool. For one group of streams: its last segment
+            holds only real tokens (no padding: it may be shorter than
+            `segment_length`, and is then scored in a call of its own) and,
+            when the stream is done, the model keeps the state it reached
+            (the streams' state after their last input token). After an
+            error the state is restored all the same.
+        segments_per_call: int. The most segments `score_segments` scores
+            at once. Defaults to `1`.
 
     Returns:
         `(report, token_losses)`: the report holds `loss` (token-weighted mean
@@ -77,6 +103,34 @@ def score_stream(
     # Tokens counted after each segment of a group, for the running logs.
     seen_per_segment = np.minimum(np.arange(1, num_segments + 1) * n, predicted)
 
+    def by_segment(array, rows, first, count, end=None):
+        # (batch, K·n) columns -> (K, batch, n); one short last segment
+        # (columns up to `end`) -> (1, batch, end - first·n).
+        if end is not None:
+            return np.ascontiguousarray(array[rows, first * n : end][None])
+        block = array[rows, first * n : (first + count) * n]
+        return np.ascontiguousarray(
+            block.reshape(block.shape[0], count, n).transpose(1, 0, 2)
+        )
+
+    # The calls: (first segment, segments, last column or None). With
+    # `keep_final_state`, a short last segment is a call of its own, so that
+    # no padding token moves the state that is kept.
+    calls = []
+    for first in range(0, num_segments, segments_per_call):
+        count = min(segments_per_call, num_segments - first)
+        short_end = (
+            keep_final_state
+            and first + count == num_segments
+            and predicted < num_segments * n
+        )
+        if short_end and count > 1:
+            calls += [(first, count - 1, None), (num_segments - 1, 1, predicted)]
+        elif short_end:
+            calls.append((first, 1, predicted))
+        else:
+            calls.append((first, count, None))
+
     states = _recurrent_state.state_variables(model)
     callback_list = keras.callbacks.CallbackList(
         callbacks,
@@ -90,6 +144,7 @@ def score_stream(
     saved_states = _recurrent_state.snapshot(states)
     losses = []
     loss_sum, tokens_done = 0.0, 0
+    completed = False
     try:
         callback_list.on_test_begin()
         for group in range(num_groups):
@@ -98,36 +153,52 @@ def score_stream(
             _recurrent_state.reset(states)
             if start_group is not None:
                 start_group(group)
-            for s in range(num_segments):
-                index = group * num_segments + s
-                callback_list.on_test_batch_begin(index)
-                columns = slice(s * n, (s + 1) * n)
-                w = weights[rows, columns]
-                token_losses = score_segment(
-                    inputs[rows, columns], targets[rows, columns], w, group, s
+            for first, count, end in calls:
+                if count == 1:
+                    callback_list.on_test_batch_begin(group * num_segments + first)
+                w = by_segment(weights, rows, first, count, end)
+                token_losses = score_segments(
+                    by_segment(inputs, rows, first, count, end),
+                    by_segment(targets, rows, first, count, end),
+                    w, group, first,
                 )
-                segment_losses = np.asarray(token_losses, "float32") * w
-                if stop_on_divergence and not np.all(np.isfinite(segment_losses)):
-                    row, column = np.argwhere(~np.isfinite(segment_losses))[0]
-                    raise DivergenceError.at(
-                        stream=int(group * batch_size + row),
-                        token=int(s * n + column + 1),
-                        segment=int(s),
-                        loss=float(segment_losses[row, column]),
-                        settings=settings or {},
-                        tokens_scored=int(tokens_done + group_tokens * s * n),
+                chunk = np.asarray(token_losses, "float32") * w
+                for k in range(count):
+                    s = first + k
+                    index = group * num_segments + s
+                    segment_losses = chunk[k]
+                    if count > 1:
+                        callback_list.on_test_batch_begin(index)
+                    diverged = ~np.isfinite(segment_losses) | (
+                        segment_losses > MAX_TOKEN_LOSS
                     )
-                losses.append(segment_losses)
-                if report:
-                    loss_sum += float(np.sum(segment_losses, dtype="float64"))
-                    seen = tokens_done + group_tokens * int(seen_per_segment[s])
-                    running = loss_sum / seen
-                    callback_list.on_test_batch_end(
-                        index, {"loss": running, "perplexity": safe_exp(running)}
-                    )
+                    if stop_on_divergence and diverged.any():
+                        row, column = np.argwhere(diverged)[0]
+                        raise DivergenceError.at(
+                            stream=int(group * batch_size + row),
+                            token=int(s * n + column + 1),
+                            segment=int(s),
+                            loss=float(segment_losses[row, column]),
+                            settings=settings or {},
+                            tokens_scored=int(tokens_done + group_tokens * s * n),
+                        )
+                    if segment_losses.shape[1] < n:
+                        segment_losses = np.pad(
+                            segment_losses, ((0, 0), (0, n - segment_losses.shape[1]))
+                        )
+                    losses.append(segment_losses)
+                    if report:
+                        loss_sum += float(np.sum(segment_losses, dtype="float64"))
+                        seen = tokens_done + group_tokens * int(seen_per_segment[s])
+                        running = loss_sum / seen
+                        callback_list.on_test_batch_end(
+                            index, {"loss": running, "perplexity": safe_exp(running)}
+                        )
             tokens_done += group_tokens * predicted
+        completed = True
     finally:
-        _recurrent_state.assign(states, saved_states)
+        if not (keep_final_state and completed):
+            _recurrent_state.assign(states, saved_states)
 
     per_group = [
         np.concatenate(losses[g * num_segments : (g + 1) * num_segments], axis=1)
@@ -145,6 +216,14 @@ def score_stream(
         {k: results[k] for k in ("loss", "perplexity", "bits_per_token")}
     )
     return results, token_losses
+
+
+def progress_verbosity(verbose):
+    """`"auto"`: a progress bar (1) on a terminal, none (0) in a log or a pipe."""
+    if verbose == "auto":
+        isatty = getattr(sys.stdout, "isatty", None)
+        return 1 if isatty is not None and isatty() else 0
+    return verbose
 
 
 def safe_exp(value):

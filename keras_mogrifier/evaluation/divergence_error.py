@@ -2,10 +2,12 @@
 
 
 class DivergenceError(FloatingPointError):
-    """Dynamic evaluation diverged: a loss was not finite.
+    """Dynamic evaluation diverged: a loss was not finite, or beyond any.
 
     `DynamicEvaluator.evaluate` (with `stop_on_divergence=True`, the default)
-    raises it at the first segment whose loss is NaN or infinite, after the
+    raises it at the first segment with a token loss that is NaN, infinite
+    or above 709.78 nats (the log of float64's largest number: a perplexity
+    no float can hold, which only diverged weights produce), after the
     trained weights and the recurrent state have been restored; the
     attributes locate the divergence. `search_dynamic_evaluation` raises it
     when every setting it tried diverged (its message lists them; the
@@ -14,9 +16,10 @@ class DivergenceError(FloatingPointError):
     Attributes:
         stream: int. The stream (row of `x`) that diverged.
         token: int. Position in that stream of the first token whose loss is
-            not finite (position 0 is context only, never scored).
+            not finite or too large (position 0 is context only, never
+            scored).
         segment: int. Index of that token's segment within the stream.
-        loss: float. That token's loss (NaN or inf).
+        loss: float. That token's loss (NaN, inf or above 709.78).
         settings: dict. The evaluator's `learning_rate`, `decay_rate`,
             `epsilon`, `segment_length` and `normalizer`.
         tokens_scored: int. Predicted tokens scored before that segment.

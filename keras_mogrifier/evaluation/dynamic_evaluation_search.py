@@ -37,7 +37,9 @@ def search_dynamic_evaluation(
     - `strategy="grid"`: every pair of `learning_rates` × `decay_rates`.
     - `strategy="sequential"`: Krause et al.'s order — tune the learning rate
       first, with the evaluator's `decay_rate`, then the decay rate at the best
-      learning rate (`len(learning_rates) + len(decay_rates)` passes).
+      learning rate (`len(learning_rates) + len(decay_rates)` passes, one
+      fewer when the evaluator's `decay_rate` is among `decay_rates`: no
+      setting runs twice).
 
     A list that is not given is the evaluator's current value.
 
@@ -120,7 +122,8 @@ def search_dynamic_evaluation(
     original = (evaluator.learning_rate, evaluator.decay_rate)
     results = []
     if strategy == "sequential":
-        total = len(learning_rates) + len(decay_rates)
+        # The pair (best η, the evaluator's λ) ran in the first stage.
+        total = len(learning_rates) + len(decay_rates) - (original[1] in decay_rates)
     else:
         total = len(settings) if settings is not None else len(learning_rates) * len(decay_rates)
     bar = Progbar(total, verbose=1, unit_name="setting") if verbose == 1 else None
@@ -175,7 +178,11 @@ def search_dynamic_evaluation(
             best = run(itertools.product(learning_rates, decay_rates))
         else:
             best = run((lr, original[1]) for lr in learning_rates)
-            best = run((best["learning_rate"], d) for d in decay_rates)
+            ran = {(r["learning_rate"], r["decay_rate"]) for r in results}
+            rest = [(best["learning_rate"], d) for d in decay_rates]
+            rest = [pair for pair in rest if pair not in ran]
+            if rest:
+                best = run(rest)
     finally:
         evaluator.learning_rate, evaluator.decay_rate = original
     return {

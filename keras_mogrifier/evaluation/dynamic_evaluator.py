@@ -9,8 +9,12 @@ from keras import ops
 
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
+from keras_mogrifier.backend import sparse_crossentropy
 from keras_mogrifier.evaluation import _recurrent_state
+from keras_mogrifier.evaluation import _adaptive_generation
 from keras_mogrifier.evaluation import update_rules
+from keras_mogrifier.evaluation._stream_scoring import progress_verbosity
+from keras_mogrifier.evaluation._stream_scoring import SEGMENTS_PER_CALL
 from keras_mogrifier.evaluation._stream_scoring import score_stream
 from keras_mogrifier.generation import text as text_lib
 
@@ -42,9 +46,11 @@ class DynamicEvaluator(keras.callbacks.Callback):
     Krause et al.'s eq. 8 (`update_rule="rms_rms_prior"`); the simpler rules
     of their ablation are `"rms_global_prior"` (eq. 6, the decay
     `λ (θ_g − θ)` for every element alike) and `"sgd"` (eq. 4,
-    `θ − η g + λ (θ_g − θ)`, which needs no gradient statistics; eq. 2 with
-    `decay_rate=0`, Mikolov's traditional dynamic evaluation with
-    `segment_length=1` as well); see `update_rules`. An element without
+    `θ − η g + λ (θ_g − θ)`, which needs no gradient statistics; with
+    `decay_rate=0` it is plain SGD, and with `segment_length=1` as well
+    Mikolov's "traditional dynamic evaluation", which Krause et al. §4-5
+    describe in words: n = 1 in their segmentation, eq. 2); see
+    `update_rules`. An element without
     gradient statistics takes its tensor's mean RMS (see `docs/`), and a
     segment whose loss is not finite stops the pass (`DivergenceError`).
 
@@ -226,7 +232,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self._steps_model = None
         self._statistics = None  # (variables, [MS_g tensors in the variables' shapes])
         self.adaptation_results = None  # what `adapt_to` scored while adapting
+        self._adapted_documents = []  # the enclosing `adapt_to` blocks
         if model is not None:
+            self._vocabulary_limit(model)  # a larger `vocabulary_size`: refused
             self.set_model(model)
 
     # === Hyperparameters (validated whenever set) ===
@@ -405,6 +413,8 @@ class DynamicEvaluator(keras.callbacks.Callback):
         limit = self._vocabulary_limit(model)
         stream = _as_training_stream(data)
         if stream is not None:
+            # Checked here, once (a corpus's ids are known and not scanned);
+            # its batches, cut below, are not checked again.
             stream = _check_ids(stream[None], "data", limit)[0]
             length = stream.shape[0] // batch_size
             windows = (length - 1) // n
@@ -438,7 +448,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
             for batch in batches:
                 if steps is not None and count >= steps:
                     break
-                x, y, w = self._check_batch_pair(model, batch, limit)
+                x, y, w = self._check_batch_pair(
+                    model, batch, limit, ids_checked=stream is not None
+                )
                 if count == 0 and stream is None:
                     _check_output(model, x.shape[0], x.shape[1])
                 # The gradient of the batch's (weighted) mean token loss.
@@ -490,15 +502,16 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 segment, logs with the running `loss` and `perplexity`) and
                 `on_test_end`. Defaults to `None`.
             verbose: `"auto"`, 0, 1 or 2. Progress bar. Defaults to `"auto"`
-                (1).
+                (a bar on a terminal, none in a log or a pipe).
             adapt: bool. `False` scores the stream statically, with the same
                 segments and carried state, and needs no gradient statistics.
                 Defaults to `True`.
             return_token_losses: bool. Also return `token_losses`, a float32
                 array `(streams, time - 1)` of the loss of every predicted
                 token. Defaults to `False`.
-            stop_on_divergence: bool. Stop at the first segment whose loss is
-                not finite and raise `DivergenceError` (naming the stream,
+            stop_on_divergence: bool. Stop at the first segment with a token
+                loss that is not finite or above 709.78 nats (a perplexity no
+                float holds) and raise `DivergenceError` (naming the stream,
                 the token and the settings) instead of scoring the rest of
                 the stream for nothing. The weights and state are restored
                 either way. Defaults to `True`.
@@ -517,13 +530,22 @@ class DynamicEvaluator(keras.callbacks.Callback):
     def adapt_to(self, document, *, vocabulary=None, verbose=0):
         """Adapts the model to `document` and hands it back adapted.
 
-        Adaptive generation: inside the `with` block the model holds the
-        weights that dynamic evaluation reaches at the end of `document`
-        (the same segments, update rule and carried state as `evaluate`),
-        so `generate` and `score` continue in the document's vocabulary and
-        style. On exit — also after an error — the model holds its trained
-        weights and its recurrent state again, exactly. Blocks nest: an
-        inner one adapts further and restores the outer one's weights.
+        Adaptive generation (Krause et al. §7.4): inside the `with` block the
+        model holds the weights that dynamic evaluation reaches at the end of
+        `document` (the same segments, update rule and carried state as
+        `evaluate`), and row 0 of its carried recurrent state is the
+        document's: the state dynamic evaluation reached, every token but the
+        last read (the last one is the next input). `generate` (below)
+        continues the document from there, and can keep adapting on what it
+        samples; the model's own `generate` and `score` start from a zero
+        state, with the adapted weights. On exit — also after an error — the
+        model holds the weights and the carried recurrent state it had before
+        the block, exactly.
+
+        Blocks nest: an inner block adapts further, starting from the outer
+        block's weights, and its update rule decays toward them (the outer
+        block's weights are its θ_g), not toward the trained weights; on exit
+        the outer block's weights and state are back.
 
         Needs gradient statistics (`collect_gradient_statistics`), as
         `evaluate` does. The scores of the document while adapting (the
@@ -548,9 +570,11 @@ class DynamicEvaluator(keras.callbacks.Callback):
         evaluator.collect_gradient_statistics(corpus.train, batch_size=20)
         with evaluator.adapt_to(article) as adapted:
             adapted.generate("the company said", max_length=30)
+            evaluator.generate(max_length=30, sampler="top_k")  # continues it
         ```
         """
         model = self._require_model()
+        vocab = None
         if isinstance(document, str):
             vocab = text_lib.resolve_vocabulary(model, vocabulary)
             if vocab is None:
@@ -568,13 +592,81 @@ class DynamicEvaluator(keras.callbacks.Callback):
             )
         variables = self.adapted_variables()
         theta_g = _recurrent_state.snapshot(variables)
+        states = _recurrent_state.state_variables(model)
+        saved_states = _recurrent_state.snapshot(states)
+        documents = self._adapted_documents
+        depth = len(documents)
         try:
             self.adaptation_results = self._evaluate(
                 streams, None, None, verbose, True, False, True, keep_adapted=True
             )
+            documents.append(
+                {"ids": streams[0], "prior": theta_g, "variables": variables,
+                 "vocabulary": vocab}
+            )
             yield model
         finally:
+            del documents[depth:]
             _recurrent_state.assign(variables, theta_g)
+            _recurrent_state.assign(states, saved_states)
+
+    def generate(
+        self,
+        max_length,
+        prompt=None,
+        sampler="random",
+        *,
+        k=None,
+        p=None,
+        temperature=None,
+        seed=None,
+        stop_token_ids="auto",
+        keep_adapting=True,
+        vocabulary=None,
+        jit_compile="auto",
+    ):
+        """Continues the document of the enclosing `adapt_to` block.
+
+        Krause et al. §7.4 condition a dynamically evaluated model on a
+        document and sample its continuation "continuing to apply dynamic
+        evaluation during sampling" (§3: each generated segment is sampled
+        with fixed weights, then the weights take a dynamic-evaluation step
+        on it). This does that: from the document's state (inside
+        `with evaluator.adapt_to(document):`), it reads the document's last
+        token, then `prompt` if given, then samples; with `keep_adapting`,
+        after every `segment_length` tokens read or sampled it takes the
+        evaluator's update on them (the same rule, statistics and θ_g as the
+        block: the weights the block started from). Afterwards the model
+        holds the block's weights and state again.
+
+        Args:
+            max_length: int. Tokens to return: `prompt` and the continuation.
+            prompt: a string, a 1-D sequence of ids or `None`: tokens that
+                follow the document before sampling starts. Defaults to
+                `None`.
+            sampler: `"greedy"`, `"top_k"`, `"top_p"`, `"random"` or a
+                `keras_mogrifier.samplers.Sampler` (not beam search).
+                Defaults to `"random"`.
+            k, p, temperature: the sampler's settings, as in
+                `LanguageModel.generate`.
+            seed: int or `None`. Seed of the sampling. Defaults to `None`.
+            stop_token_ids: `"auto"`, `None` or ids: stop after one of them.
+                `"auto"` is the vocabulary's `<eos>`. Defaults to `"auto"`.
+            keep_adapting: bool. Adapt on the tokens read and sampled.
+                Defaults to `True` (Krause et al.).
+            vocabulary: a `Vocabulary` or `None` (the block's or the
+                model's).
+            jit_compile: bool or `"auto"`. Defaults to `"auto"`.
+
+        Returns:
+            A string (for a text document or prompt, with a vocabulary) or an
+            int32 array: the prompt and the continuation.
+        """
+        return _adaptive_generation.continue_document(
+            self, max_length, prompt, sampler, k=k, p=p, temperature=temperature,
+            seed=seed, stop_token_ids=stop_token_ids, keep_adapting=keep_adapting,
+            vocabulary=vocabulary, jit_compile=jit_compile,
+        )
 
     def _evaluate(
         self,
@@ -597,7 +689,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 f"stop_on_divergence={stop_on_divergence!r}"
             )
         _check_verbose(verbose)
-        verbose = 1 if verbose == "auto" else verbose
+        verbose = progress_verbosity(verbose)
         callbacks = _check_callbacks(callbacks)
         _validation.optional_positive_int("batch_size", batch_size)
         model = self._require_model()
@@ -607,24 +699,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         stream_size = _per_stream_size(model)
         if adapt:
             variables = self.adapted_variables()
-            if update_rules.NEEDS_STATISTICS[self.update_rule]:
-                if self._statistics is None or [
-                    id(v) for v in self._statistics[0]
-                ] != [id(v) for v in variables]:
-                    raise ValueError(
-                        "Expected gradient statistics of the adapted variables "
-                        f"(update_rule={self.update_rule!r} divides by their "
-                        "RMS): call `collect_gradient_statistics(training_data)` "
-                        "(or set `gradient_statistics`) before `evaluate`. "
-                        "Received none."
-                    )
-                rms, hyperparameters = self._update_terms()
-            else:
-                # The rule reads no statistics: placeholders of the right shapes.
-                rms = [ops.zeros(v.shape, "float32") for v in variables]
-                hyperparameters = ops.convert_to_tensor(
-                    [self.learning_rate, self.epsilon, self.decay_rate, 1.0], "float32"
-                )
+            rms, hyperparameters = self._update_inputs(variables)
             if not all(_is_per_stream(v) for v in variables):
                 if batch_size not in (None, 1):
                     raise ValueError(
@@ -644,47 +719,52 @@ class DynamicEvaluator(keras.callbacks.Callback):
         _check_output(model, batch_size, self.segment_length)
 
         settings = self.settings()
+        # Many segments per compiled call (no host round trip between them),
+        # unless callbacks were given: they see the model after every
+        # segment, so each segment is then a call of its own.
+        per_call = 1 if callbacks else SEGMENTS_PER_CALL
         if not adapt:
-            forward_step = self._step("forward", [])
+            forward_loop = self._step("forward_loop", [])
 
-            def score_segment(x, y, w, group, segment):
-                return _numpy(forward_step(ops.convert_to_tensor(x), ops.convert_to_tensor(y)))
+            def score_segments(x, y, w, group, first):
+                _, losses = forward_loop(
+                    (), (), ops.convert_to_tensor(x), ops.convert_to_tensor(y)
+                )
+                return _numpy(losses)
 
             results, token_losses = score_stream(
-                model, streams, batch_size, self.segment_length, score_segment,
+                model, streams, batch_size, self.segment_length, score_segments,
                 callbacks=callbacks, verbose=verbose,
                 stop_on_divergence=stop_on_divergence, settings=settings,
+                segments_per_call=per_call,
             )
         else:
-            gradient_step = self._step("gradients", variables)
-            update = self._step("update", variables)
+            adaptation_loop = self._step("adaptation_loop", variables)
             theta_g = _recurrent_state.snapshot(variables)
+            constants = (theta_g, rms, hyperparameters)
 
             def start_group(group):
                 # Every stream (group of streams) starts from θ_g.
                 if group > 0:
                     _recurrent_state.assign(variables, theta_g)
 
-            def score_segment(x, y, w, group, segment):
+            def score_segments(x, y, w, group, first):
                 # Each stream's mean segment loss; their sum is the objective,
                 # so a per-stream matrix gets its own stream's gradient.
-                v = w / np.maximum(w.sum(axis=1, keepdims=True), 1.0)
-                token_losses, gradients = gradient_step(
-                    ops.convert_to_tensor(x), ops.convert_to_tensor(y),
+                v = w / np.maximum(w.sum(axis=-1, keepdims=True), 1.0)
+                return _numpy(adaptation_loop(
+                    constants, ops.convert_to_tensor(x), ops.convert_to_tensor(y),
                     ops.convert_to_tensor(v),
-                )
-                thetas = [ops.convert_to_tensor(v.value) for v in variables]
-                new = update(thetas, gradients, theta_g, rms, hyperparameters)
-                for variable, value in zip(variables, new):
-                    variable.assign(value)
-                return _numpy(token_losses)
+                ))
 
             completed = False
             try:
                 results, token_losses = score_stream(
-                    model, streams, batch_size, self.segment_length, score_segment,
+                    model, streams, batch_size, self.segment_length, score_segments,
                     start_group=start_group, callbacks=callbacks, verbose=verbose,
                     stop_on_divergence=stop_on_divergence, settings=settings,
+                    keep_final_state=keep_adapted,
+                    segments_per_call=per_call,
                 )
                 completed = True
             finally:
@@ -747,8 +827,19 @@ class DynamicEvaluator(keras.callbacks.Callback):
         return model
 
     def _vocabulary_limit(self, model):
-        if self.vocabulary_size is not None:
-            return self.vocabulary_size
+        own = self._model_vocabulary_limit(model)
+        if self.vocabulary_size is None:
+            return own
+        if own is not None and self.vocabulary_size > own:
+            raise ValueError(
+                f"Expected `vocabulary_size` to be at most the model's "
+                f"vocabulary ({own} ids: its embedding and output); an id "
+                f"≥ {own} has no embedding row. Received: "
+                f"vocabulary_size={self.vocabulary_size}"
+            )
+        return self.vocabulary_size
+
+    def _model_vocabulary_limit(self, model):
         limits = []
         size = getattr(model, "vocabulary_size", None)
         if isinstance(size, numbers.Integral):
@@ -769,7 +860,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         if message:
             raise ValueError(message)
 
-    def _check_batch_pair(self, model, batch, limit):
+    def _check_batch_pair(self, model, batch, limit, ids_checked=False):
         if not (isinstance(batch, (tuple, list)) and len(batch) in (2, 3)):
             raise ValueError(
                 "Expected `data` to yield `(x, y)` or `(x, y, sample_weight)` "
@@ -790,8 +881,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 )
         else:
             w = np.ones(y.shape, "float32")
-        x = _check_ids(x, "data", limit)
-        y = _check_ids(y, "data", limit)
+        if not ids_checked:
+            x = _check_ids(x, "data", limit)
+            y = _check_ids(y, "data", limit)
         size = _per_stream_size(model)
         if size is not None and x.shape[0] != size:
             raise ValueError(
@@ -800,6 +892,27 @@ class DynamicEvaluator(keras.callbacks.Callback):
             )
         self._check_batch(model, x.shape[0], "the batch size of `data`")
         return x, y, w
+
+    def _update_inputs(self, variables):
+        """`(rms, hyperparameters)` for the update of `variables`, or a ValueError."""
+        if update_rules.NEEDS_STATISTICS[self.update_rule]:
+            if self._statistics is None or [
+                id(v) for v in self._statistics[0]
+            ] != [id(v) for v in variables]:
+                raise ValueError(
+                    "Expected gradient statistics of the adapted variables "
+                    f"(update_rule={self.update_rule!r} divides by their "
+                    "RMS): call `collect_gradient_statistics(training_data)` "
+                    "(or set `gradient_statistics`) before `evaluate`. "
+                    "Received none."
+                )
+            return self._update_terms()
+        # The rule reads no statistics: placeholders of the right shapes.
+        rms = [ops.zeros(v.shape, "float32") for v in variables]
+        hyperparameters = ops.convert_to_tensor(
+            [self.learning_rate, self.epsilon, self.decay_rate, 1.0], "float32"
+        )
+        return rms, hyperparameters
 
     def _update_terms(self):
         """The RMS each variable is updated with, and `[η, ε, λ, mean(RMS)]`.
@@ -838,11 +951,15 @@ class DynamicEvaluator(keras.callbacks.Callback):
     def _step(self, kind, variables, per_stream=None):
         """The compiled function `kind` for `variables`, built once per model.
 
-        - `"forward"`: `(x, y) -> token losses`, the model in inference mode
-          (its carried state is updated);
+        - `"forward_loop"`: `((), (), x, y) -> ((), token losses)` for
+          `K` segments `(K, batch, n)` in order, the model in inference mode
+          (its carried state is updated from segment to segment);
         - `"gradients"`: `(x, y, v) -> (token losses, gradients)`, the
           gradients of `Σ v ⊙ token losses` with respect to `variables`;
-        - `"update"`: the update rule over all `variables`;
+        - `"adaptation_loop"`: `((θ_g, RMS, hyperparameters), x, y, v) ->
+          token losses` for `K` segments in order: each scored, then
+          `variables` updated by the update rule from the gradient of
+          `Σ v ⊙ token losses`, inside one compiled call;
         - `"accumulate"`: adds the squared gradients to the accumulators
           (summed over the stream axis of per-stream variables first).
         """
@@ -857,10 +974,12 @@ class DynamicEvaluator(keras.callbacks.Callback):
         if key in self._steps:
             return self._steps[key]
         backend = self._backend
-        if kind == "forward":
-            built = backend.model_function(
-                model, lambda x, y: _token_losses(model, x, y), jit
-            )
+        if kind == "forward_loop":
+
+            def forward(carry, constants, x, y):
+                return carry, _token_losses(model, x, y)
+
+            built = backend.model_loop(model, forward, jit)
         elif kind == "gradients":
 
             def objective(x, y, v):
@@ -868,8 +987,12 @@ class DynamicEvaluator(keras.callbacks.Callback):
                 return ops.sum(token_losses * v), token_losses
 
             built = backend.model_gradients(model, variables, objective, jit)
-        elif kind == "update":
+        elif kind == "adaptation_loop":
             rule = update_rules.get(self.update_rule)
+
+            def objective(x, y, v):
+                token_losses = _token_losses(model, x, y)
+                return ops.sum(token_losses * v), token_losses
 
             def update(thetas, gradients, theta_g, rms, hyperparameters):
                 return [
@@ -877,8 +1000,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
                     for t, g, tg, r in zip(thetas, gradients, theta_g, rms)
                 ]
 
-            # Memory-bound elementwise work: fused with XLA where possible.
-            built = backend.function(update, jit_compile=True)
+            built = backend.model_adaptation_loop(model, variables, objective, update, jit)
         else:
             flags = tuple(per_stream)
 
@@ -922,7 +1044,7 @@ def _check_output(model, batch_size, time):
 def _token_losses(model, x, y):
     """Sparse cross-entropy of every token, float32, dropout off."""
     logits = ops.cast(model(x, training=False), "float32")
-    return ops.sparse_categorical_crossentropy(y, logits, from_logits=True)
+    return sparse_crossentropy(y, logits)
 
 
 def _numpy(tensor):
@@ -982,7 +1104,8 @@ def _to_numpy(value):
 
 
 def _check_ids(array, name, limit):
-    return _validation.token_ids(name, array, limit).astype("int32")
+    # No copy when already int32: a view of a corpus's ids stays one.
+    return _validation.token_ids(name, array, limit).astype("int32", copy=False)
 
 
 def _as_streams(x, name, limit):

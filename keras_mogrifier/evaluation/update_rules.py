@@ -11,7 +11,7 @@ every rule use θ before the step. The backends compile the rules (see
 
 | name | equation (Krause et al.) | statistics |
 | --- | --- | --- |
-| `"sgd"` | eq. 4: `θ − η g + λ (θ_g − θ)`; λ = 0 is eq. 2 (and, with segments of one token, Mikolov's traditional dynamic evaluation) | not needed |
+| `"sgd"` | eq. 4: `θ − η g + λ (θ_g − θ)`; λ = 0 is plain SGD, and with segments of one token (n = 1 in eq. 2, their segmentation) Mikolov's "traditional dynamic evaluation", which the paper describes in words (§4-5) without an equation number | not needed |
 | `"rms_global_prior"` | eq. 6: `θ − η g / (RMS + ε) + λ (θ_g − θ)` | needed |
 | `"rms_rms_prior"` | eq. 8: `θ − η g / (RMS + ε) + min(1, λ RMS / mean(RMS)) (θ_g − θ)` | needed |
 """
@@ -43,7 +43,7 @@ def _terms(theta, gradient, rms, hyperparameters):
 
 
 def sgd(theta, gradient, theta_g, rms, hyperparameters):
-    """Eq. 4 (eq. 2 with λ = 0): `θ − η g + λ (θ_g − θ)`; `rms` is unused."""
+    """Eq. 4 (plain SGD with λ = 0): `θ − η g + λ (θ_g − θ)`; `rms` is unused."""
     g, _, learning_rate, _, decay_rate, _ = _terms(theta, gradient, rms, hyperparameters)
     return theta - learning_rate * g + decay_rate * (theta_g - theta)
 

@@ -6,10 +6,14 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.samplers.beam_sampler import BeamSampler
 from keras_mogrifier.samplers.greedy_sampler import GreedySampler
 from keras_mogrifier.samplers.random_sampler import RandomSampler
+from keras_mogrifier.samplers.sampler import Sampler
+from keras_mogrifier.samplers.sampler import inputs_checked
+from keras_mogrifier.samplers.sampler import stable_logits
 from keras_mogrifier.samplers.top_k_sampler import TopKSampler
 from keras_mogrifier.samplers.top_p_sampler import TopPSampler
 
@@ -33,6 +37,13 @@ class Decoder:
     assigns. Rows are the first `b` rows of the model's state (`b` at most
     `capacity`); the state is not reset between calls — `fresh_state()`
     starts from zero and restores the carried state afterwards.
+
+    Every argument is checked on the host before anything runs (token ids:
+    integers in `[0, vocabulary_size)`, one per row; uniforms: floats in
+    `[0, 1)`, one per row; the sampler: one of the right kind), with a
+    `ValueError` that names it; and a step that fails all the same (a
+    custom sampler that raises) leaves the carried state as it was, on
+    every backend.
 
     The logits are the model's at evaluation: dropout off, one sample,
     multiplied by the model's softmax temperature.
@@ -95,7 +106,14 @@ class Decoder:
 
     def read(self, inputs, targets):
         """Reads `inputs` `(b, t)` and returns `log p(targets)` `(b, t)`."""
-        return self._read(_int_tensor(inputs), _int_tensor(targets))
+        inputs = self._ids("inputs", inputs, 2)
+        targets = self._ids("targets", targets, 2)
+        if targets.shape != inputs.shape:
+            raise ValueError(
+                "Expected `targets` of the shape of `inputs` "
+                f"{inputs.shape}. Received: targets.shape={targets.shape}"
+            )
+        return self._guarded(self._read, _int_tensor(inputs), _int_tensor(targets))
 
     def step(self, tokens, uniform, sampler=None):
         """Reads one token per row and picks the next.
@@ -109,14 +127,25 @@ class Decoder:
             `(next_tokens, log_probs)`: int32 `(b,)` and the model's
             log-probabilities of the next token, float32 `(b, vocabulary)`.
         """
-        sampler = sampler or GreedySampler()
-        step = self._steps.get(_sampler_key(sampler))
+        sampler = GreedySampler() if sampler is None else sampler
+        if not isinstance(sampler, Sampler) or isinstance(sampler, BeamSampler):
+            raise ValueError(
+                "Expected a `keras_mogrifier.samplers.Sampler` that picks one "
+                "token per row (beam search runs through `beam_step`). "
+                f"Received: sampler={sampler!r}"
+            )
+        tokens = self._ids("tokens", tokens, 1)
+        uniform = _uniforms(uniform, tokens.shape[0])
+        key = ("step",) + _sampler_key(sampler)
+        step = self._steps.get(key)
         if step is None:
             step = self._backend.model_function(
                 self.model, self._step_fn(sampler), self.jit_compile
             )
-            self._steps[_sampler_key(sampler)] = step
-        return step(_int_tensor(tokens), ops.convert_to_tensor(uniform, "float32"))
+            self._steps[key] = step
+        return self._guarded(
+            step, _int_tensor(tokens), ops.convert_to_tensor(uniform, "float32")
+        )
 
     def beam_step(self, tokens, scores, generating, forced, finished, pad, sampler):
         """One step of beam search; the state rows follow their beams.
@@ -140,21 +169,80 @@ class Decoder:
         Returns:
             `(next_tokens (b · B,), scores (b, B), parents (b, B))`.
         """
-        key = _sampler_key(sampler)
+        if not isinstance(sampler, BeamSampler):
+            raise ValueError(
+                "Expected a `keras_mogrifier.samplers.BeamSampler` for "
+                f"`beam_step`. Received: sampler={sampler!r}"
+            )
+        beams = sampler.num_beams
+        tokens = self._ids("tokens", tokens, 1)
+        if tokens.shape[0] % beams:
+            raise ValueError(
+                f"Expected `tokens` to hold num_beams={beams} rows per prompt. "
+                f"Received: tokens.shape={tokens.shape}"
+            )
+        prompts = tokens.shape[0] // beams
+        scores = np.asarray(_validation.to_host(scores), "float32")
+        if scores.shape != (prompts, beams) or np.isnan(scores).any():
+            raise ValueError(
+                f"Expected `scores` of shape {(prompts, beams)}, without NaN. "
+                f"Received: scores of shape {scores.shape}"
+            )
+        generating = _flags("generating", generating, (prompts,))
+        finished = _flags("finished", finished, (prompts * beams,))
+        forced = _validation.token_ids(
+            "forced", forced, self.model.vocabulary_size, ndim=1
+        )
+        if forced.shape != (prompts,):
+            raise ValueError(
+                f"Expected `forced` of shape {(prompts,)}. Received: "
+                f"forced.shape={forced.shape}"
+            )
+        pad = _validation.token_ids(
+            "pad", np.asarray(pad), self.model.vocabulary_size, ndim=0
+        )
+        key = ("beam",) + _sampler_key(sampler)
         step = self._steps.get(key)
         if step is None:
             step = self._backend.model_function(
                 self.model, self._beam_step_fn(sampler), self.jit_compile
             )
             self._steps[key] = step
-        return step(
+        return self._guarded(
+            step,
             _int_tensor(tokens),
             ops.convert_to_tensor(scores, "float32"),
-            ops.convert_to_tensor(np.asarray(generating, bool)),
+            ops.convert_to_tensor(generating),
             _int_tensor(forced),
-            ops.convert_to_tensor(np.asarray(finished, bool)),
-            _int_tensor(np.full((), pad)),
+            ops.convert_to_tensor(finished),
+            _int_tensor(pad),
         )
+
+    def _ids(self, name, ids, ndim):
+        """Token ids checked on the host: integers in range, rows ≤ capacity."""
+        ids = _validation.token_ids(name, ids, self.model.vocabulary_size, ndim=ndim)
+        if ids.shape[0] > self.capacity or ids.shape[0] == 0 or (
+            ndim == 2 and ids.shape[1] == 0
+        ):
+            raise ValueError(
+                f"Expected `{name}` to have between 1 and {self.capacity} rows "
+                "(the rows of the model's recurrent state) and at least one "
+                f"token. Received: {name}.shape={ids.shape}"
+            )
+        return ids
+
+    def _guarded(self, step, *args):
+        # A step that raises (a custom sampler, an interrupt) leaves the
+        # carried state as it was: on PyTorch the model has assigned it by
+        # then.
+        states = self.model.recurrent_state_variables
+        saved = [ops.copy(v.value) for v in states]
+        try:
+            return step(*args)
+        except BaseException:
+            for variable, value in zip(states, saved):
+                variable.assign(value)
+            raise
 
     def read_known(self, tokens, length):
         """Reads `tokens[:, :length]` in windows; returns how many were read.
@@ -183,7 +271,8 @@ class Decoder:
 
         def sampling_step(tokens, uniform):
             logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
-            return sampler(logits, uniform), ops.log_softmax(logits, axis=-1)
+            with inputs_checked():  # the uniforms on the host, before
+                return sampler(logits, uniform), ops.log_softmax(logits, axis=-1)
 
         return sampling_step
 
@@ -194,7 +283,9 @@ class Decoder:
 
         def beam_search_step(tokens, scores, generating, forced, finished, pad):
             logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
-            log_probs = ops.log_softmax(logits / sampler.temperature, axis=-1)
+            log_probs = ops.log_softmax(
+                stable_logits(logits, sampler.temperature), axis=-1
+            )
             vocabulary = log_probs.shape[-1]
             only_pad = ops.where(
                 ops.equal(ops.arange(vocabulary, dtype="int32"), pad), 0.0, _NO_BEAM
@@ -270,4 +361,42 @@ def _sampler_key(sampler):
 
 
 def _int_tensor(x):
-    return ops.convert_to_tensor(np.asarray(ops.convert_to_numpy(x), "int32"))
+    # Called on ids already checked (integers in range).
+    return ops.convert_to_tensor(np.asarray(x, "int32"))
+
+
+def _uniforms(uniform, rows):
+    """One float in `[0, 1)` per row, as float32, or a ValueError."""
+    try:
+        array = np.asarray(_validation.to_host(uniform))
+    except Exception as error:
+        raise ValueError(
+            f"Expected `uniform` to be {rows} numbers in [0, 1). Received: "
+            f"{type(uniform).__name__}"
+        ) from error
+    if array.dtype == bool or not np.issubdtype(array.dtype, np.number) or (
+        array.shape != (rows,)
+    ):
+        raise ValueError(
+            f"Expected `uniform` to be a float array of shape ({rows},), one "
+            f"number in [0, 1) per row. Received: uniform of shape "
+            f"{array.shape} and dtype {array.dtype}"
+        )
+    array = array.astype("float32")
+    bad = ~((array >= 0.0) & (array < 1.0))
+    if bad.any():
+        raise ValueError(
+            "Expected `uniform` to hold numbers in [0, 1). Received: "
+            f"{float(array[bad][0])} at row {int(np.flatnonzero(bad)[0])}"
+        )
+    return array
+
+
+def _flags(name, value, shape):
+    array = np.asarray(_validation.to_host(value))
+    if array.dtype != bool or array.shape != shape:
+        raise ValueError(
+            f"Expected `{name}` to be a bool array of shape {shape}. "
+            f"Received: shape {array.shape}, dtype {array.dtype}"
+        )
+    return array

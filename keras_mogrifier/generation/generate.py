@@ -79,7 +79,7 @@ def generate(
             f"Expected `seed` to be a non-negative integer or None. Received: seed={seed!r}"
         )
     vocabulary = text_lib.resolve_vocabulary(model, vocabulary)
-    stop = _stop_ids(stop_token_ids, vocabulary, model.vocabulary_size)
+    stop = stop_ids(stop_token_ids, vocabulary, model.vocabulary_size)
     sequences, single, as_text = text_lib.as_sequences(
         prompts, vocabulary, model.vocabulary_size, "prompt", min_tokens=1
     )
@@ -185,7 +185,7 @@ def _beam_decode(decoder, prompts, max_length, sampler, stop):
     return outputs
 
 
-def _stop_ids(stop_token_ids, vocabulary, vocabulary_size):
+def stop_ids(stop_token_ids, vocabulary, vocabulary_size):
     if isinstance(stop_token_ids, str):
         if stop_token_ids != "auto":
             raise ValueError(

@@ -5,6 +5,7 @@ import math
 import numpy as np
 from keras import ops
 
+from keras_mogrifier import _validation
 from keras_mogrifier.generation import text as text_lib
 from keras_mogrifier.generation.decoder import WINDOWS
 from keras_mogrifier.generation.decoder import check_model
@@ -75,6 +76,9 @@ def _read_group(decoder, group):
     inputs = np.zeros((len(group), padded + 1), "int32")
     for row, ids in enumerate(group):
         inputs[row, : len(ids)] = ids
+    # The texts' ids were checked (`score`); padding is 0: the windows that
+    # `Decoder.read` gets need no second scan.
+    _validation.mark_token_ids(inputs, decoder.model.vocabulary_size)
     # Padding comes after each text: it changes nothing before it.
     log_probs = [
         np.asarray(

@@ -1,12 +1,11 @@
 """Text ↔ token ids for generation and scoring, through a `Vocabulary`.
 
-Text is tokenised as the corpus readers do (`keras_mogrifier.data.corpus`):
-a word-level vocabulary splits each line on whitespace, a character-level
-one (recognised by its space token `" "`, which no word-level vocabulary
-can hold) takes each line's characters. Lines are separated by the
+The vocabulary reads and writes text at its own level (`Vocabulary.encode`
+and `Vocabulary.decode`): words split on whitespace (or the corpus's
+tokenizer), characters, or bytes. Lines are separated by the
 end-of-sentence token; in word-level text `<eos>` may also be written out.
-Decoding joins words with spaces (`<eos>` stays visible), characters with
-nothing (`<eos>` becomes a newline).
+Decoding joins words with spaces (`<eos>` stays visible), characters and
+bytes with nothing (`<eos>` becomes a newline).
 """
 
 import numbers
@@ -14,18 +13,18 @@ import numbers
 import numpy as np
 from keras import ops
 
-from keras_mogrifier.data.corpus import SPACE_TOKEN
-from keras_mogrifier.data.corpus import tokenize_line
+from keras_mogrifier import _validation
 from keras_mogrifier.data.vocabulary import Vocabulary
 
 
 def level_of(vocabulary):
-    """`"char"` for a character-level vocabulary, else `"word"`."""
-    return "char" if SPACE_TOKEN in vocabulary else "word"
+    """The level of `vocabulary`: `"word"`, `"char"` or `"byte"`."""
+    return vocabulary.level
 
 
 def encode(vocabulary, text, where=None):
-    """The int32 ids of `text`; unknown tokens become `<unk>` or an error.
+    """The int32 ids of `text` (`vocabulary.encode`); unknown tokens become
+    `<unk>` or an error.
 
     Args:
         vocabulary: a `Vocabulary`.
@@ -33,21 +32,12 @@ def encode(vocabulary, text, where=None):
         where: str or `None`. What the text is, for error messages (e.g.
             `"prompt 1"`).
     """
-    level = level_of(vocabulary)
-    tokens = []
-    for i, line in enumerate(text.split("\n")):
-        if i:
-            tokens.append(vocabulary.eos_token)
-        tokens.extend(tokenize_line(line, level))
-    return vocabulary.to_ids(tokens, where=where)
+    return vocabulary.encode(text, where=where)
 
 
 def decode(vocabulary, ids):
-    """The text of `ids` (see the module docstring)."""
-    tokens = vocabulary.to_tokens(ids)
-    if level_of(vocabulary) == "word":
-        return " ".join(tokens)
-    return "".join("\n" if t == vocabulary.eos_token else t for t in tokens)
+    """The text of `ids` (`vocabulary.decode`)."""
+    return vocabulary.decode(ids)
 
 
 def resolve_vocabulary(model, vocabulary):
@@ -155,11 +145,12 @@ def _ids(item, where, vocabulary_size):
             f"Expected {where} to be a string or a 1-D sequence of integer "
             f"token ids. Received: {item!r}"[:300]
         )
-    array = array.astype("int64")
-    if array.size and (array.min() < 0 or array.max() >= vocabulary_size):
+    if array.size and not _validation.ids_known_below(array, vocabulary_size) and (
+        array.min() < 0 or array.max() >= vocabulary_size
+    ):
         bad = array[(array < 0) | (array >= vocabulary_size)][0]
         raise ValueError(
             f"Expected token ids in [0, {vocabulary_size}) in {where}. "
             f"Received: id {int(bad)}"
         )
-    return array.astype("int32")
+    return array.astype("int32", copy=False)

@@ -17,7 +17,11 @@ class CellRNN(keras.layers.RNN):
     does not depend on the recurrent state:
 
     - the cell's weights are read (and cast, under mixed precision) once per
-      sequence, not at every step;
+      sequence, not at every step, and prepared there
+      (`MogrifiedCell.step_weights(per_sequence=True)`): the mogrifier's
+      doublings folded into the matrices that read their outputs, the
+      mogrified RLSTM's input kernel padded to the width of its recurrent
+      products;
     - when the input is not mogrified (`mogrifier_rounds=0`: the LSTM and
       the RLSTM), the input projection `(x ⊙ M_in) @ W + b` is computed for
       all time steps at once, as one large matrix product before the loop
@@ -52,7 +56,7 @@ class CellRNN(keras.layers.RNN):
             )
         if keras.tree.is_nested(mask):
             mask = mask[0]
-        weights = cell.step_weights()
+        weights = cell.step_weights(per_sequence=True)
         # Time-major from here on: the loop reads one time step at a time,
         # and transposing x is cheaper than transposing its projection.
         x = ops.swapaxes(sequences, 0, 1)

@@ -6,6 +6,7 @@ from keras import initializers
 from keras import ops
 from keras import regularizers
 
+from keras_mogrifier import _validation
 from keras_mogrifier._export import register
 
 
@@ -20,6 +21,14 @@ class MixtureOfSoftmaxes(keras.layers.Layer):
     c_k = tanh(h @ W_p + b_p)[k·e : (k+1)·e]     # k = 0 … K−1, width e each
     log π = log_softmax(h @ W_π)                  # no bias
     ```
+
+and, in training, drops out the contexts `c_k` at rate `dropout` (Yang et
+al.'s `dropoutl` on the latent contexts, zihangdai/mos `model.py` lines
+96-97; lamb's `downprojected_output_dropout` on each component's input to
+the output layer, `lamb/lm.py` lines 215-218). The mask is drawn anew for
+every position and component, as lamb draws it (its `shared_mask_dropout`
+is off in the released configurations); zihangdai/mos shares one mask over
+the time steps of a sequence (`LockedDropout`).
 
     Each context then goes through the model's one output layer (shared by
     every component: `z_k = c_k @ E_outᵀ + b`) and `mix` combines the
@@ -48,10 +57,14 @@ class MixtureOfSoftmaxes(keras.layers.Layer):
         bias_regularizer: regularizer of `b_p`. Defaults to `None`.
         kernel_constraint: constraint of both kernels. Defaults to `None`.
         bias_constraint: constraint of `b_p`. Defaults to `None`.
+        dropout: float in `[0, 1)`. Dropout rate of the contexts in
+            training. Defaults to `0.0`.
+        seed: int or None. Seed of the dropout masks. Defaults to `None`.
         **kwargs: base layer keyword arguments, such as `name` and `dtype`.
 
     Call arguments:
         inputs: float tensor `(..., width)`: the vectors `h`.
+        training: bool. Drop out the contexts. Defaults to `False`.
 
     Returns:
         A tuple `(contexts, log_weights)`: `(..., K, e)` and `(..., K)`.
@@ -85,9 +98,12 @@ class MixtureOfSoftmaxes(keras.layers.Layer):
         bias_regularizer=None,
         kernel_constraint=None,
         bias_constraint=None,
+        dropout=0.0,
+        seed=None,
         **kwargs,
     ):
         components = check_components(components, minimum=1, name="components")
+        dropout = _validation.rate("dropout", dropout)
         if (
             not isinstance(context_units, numbers.Integral)
             or isinstance(context_units, bool)
@@ -106,6 +122,9 @@ class MixtureOfSoftmaxes(keras.layers.Layer):
         self.bias_regularizer = regularizers.get(bias_regularizer)
         self.kernel_constraint = constraints.get(kernel_constraint)
         self.bias_constraint = constraints.get(bias_constraint)
+        self.dropout = dropout
+        self.seed = seed
+        self.dropout_layer = keras.layers.Dropout(dropout, seed=seed, name="dropout")
 
     def build(self, input_shape):
         width = input_shape[-1]
@@ -131,12 +150,14 @@ class MixtureOfSoftmaxes(keras.layers.Layer):
             constraint=self.kernel_constraint,
         )
 
-    def call(self, inputs):
+    def call(self, inputs, training=False):
         contexts = ops.tanh(
             ops.matmul(inputs, self.projection_kernel) + self.projection_bias
         )
         shape = tuple(ops.shape(inputs)[:-1]) + (self.components, self.context_units)
         contexts = ops.reshape(contexts, shape)
+        if self.dropout > 0:
+            contexts = self.dropout_layer(contexts, training=training)
         log_weights = ops.log_softmax(
             ops.cast(ops.matmul(inputs, self.weights_kernel), "float32"), axis=-1
         )
@@ -158,7 +179,7 @@ class MixtureOfSoftmaxes(keras.layers.Layer):
         log_weights = ops.expand_dims(ops.cast(log_weights, "float32"), -1)
         return ops.logsumexp(log_p + log_weights, axis=-2)
 
-    def compute_output_spec(self, inputs):
+    def compute_output_spec(self, inputs, training=False):
         lead = tuple(inputs.shape[:-1])
         return (
             keras.KerasTensor(
@@ -179,6 +200,8 @@ class MixtureOfSoftmaxes(keras.layers.Layer):
                 "bias_regularizer": regularizers.serialize(self.bias_regularizer),
                 "kernel_constraint": constraints.serialize(self.kernel_constraint),
                 "bias_constraint": constraints.serialize(self.bias_constraint),
+                "dropout": self.dropout,
+                "seed": self.seed,
             }
         )
         return config

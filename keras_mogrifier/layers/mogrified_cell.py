@@ -169,6 +169,15 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
         """The step's weights as tensors of `dtype`, in a dict."""
         raise NotImplementedError
 
+    def prepare_sequence_weights(self, weights):
+        """The step's weights as read once per sequence (`CellRNN`).
+
+        A subclass may precompute here what would otherwise be computed at
+        every step; `project_input` and `step` must accept both forms.
+        Defaults to the weights as they are.
+        """
+        return weights
+
     def project_input(self, weights, x):
         """`x @ W + b`: the part of the step that does not read the state.
 
@@ -182,17 +191,32 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
 
     # --- one time step -------------------------------------------------------
 
-    def step_weights(self):
+    def step_weights(self, per_sequence=False):
         """Every weight the time step reads, as tensors of the compute dtype.
 
         `keras.layers.RNN` reads them at every step (through `call`);
-        `CellRNN` reads them once per sequence and passes them in.
+        `CellRNN` reads them once per sequence and passes them in, with
+        `per_sequence=True`: what can be prepared once per sequence then
+        is. The mogrifier's doublings are folded into the matrices that read
+        their outputs (`Mogrifier.fold_doubling`: the same numbers, one
+        operation less per round and step), `kernel` and `recurrent_kernel`
+        included — the only weights that read the mogrified `x` and
+        `h_prev` — and the subclass's `prepare_sequence_weights` runs.
         """
         dtype = self.compute_dtype
         weights = self.gate_weights(dtype)
-        weights["mogrifier"] = (
-            None if self.mogrifier is None else self.mogrifier.round_weights(dtype)
-        )
+        weights["mogrifier"] = None
+        weights["mogrifier_doubled"] = True
+        if self.mogrifier is not None:
+            rounds = self.mogrifier.round_weights(dtype)
+            if per_sequence:
+                rounds, x_scale, h_scale = Mogrifier.fold_doubling(rounds)
+                weights["kernel"] = weights["kernel"] * x_scale
+                weights["recurrent_kernel"] = weights["recurrent_kernel"] * h_scale
+                weights["mogrifier_doubled"] = False
+            weights["mogrifier"] = rounds
+        if per_sequence:
+            weights = self.prepare_sequence_weights(weights)
         weights["adaptation"] = (
             None
             if self.adaptation_kernel is None
@@ -232,7 +256,9 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
             h_prev = h_prev * state_mask
         if not projected:
             if weights["mogrifier"] is not None:
-                x, h_prev = Mogrifier.mogrify(weights["mogrifier"], x, h_prev)
+                x, h_prev = Mogrifier.mogrify(
+                    weights["mogrifier"], x, h_prev, weights["mogrifier_doubled"]
+                )
             x = self.project_input(weights, x)
         h, c = self.step(weights, x, h_prev, c_prev, state_mask)
         if weights["adaptation"] is not None:

@@ -210,10 +210,37 @@ class Mogrifier(keras.layers.Layer):
         ]
 
     @staticmethod
-    def mogrify(weights, x, h):
+    def fold_doubling(weights):
+        """Moves each round's doubling into the matrices that read its output.
+
+        `2σ(z) ⊙ v` doubles `v`; the next round reads `v` only through a
+        matrix product, so `(2v) @ Q = v @ (2Q)`. Given `weights` from
+        `round_weights`, returns `(folded, x_scale, h_scale)`: the rounds'
+        weights with each round's first matrix multiplied by the product of
+        the doublings its input has skipped, and the powers of two by which
+        the outputs of `mogrify(folded, x, h, doubled=False)` fall short of
+        `mogrify(weights, x, h)` (a cell multiplies the matrices that read
+        them). Scaling by a power of two is exact in floating point, so the
+        products are the same numbers; the doublings then cost one product
+        per matrix per sequence instead of an addition per round per step.
+        """
+        scales = {"x": 1.0, "h": 1.0}
+        folded = []
+        for i, (kernels, bias) in enumerate(weights, start=1):
+            source, target = ("h", "x") if i % 2 == 1 else ("x", "h")
+            if scales[source] != 1.0:
+                kernels = [kernels[0] * scales[source]] + list(kernels[1:])
+            folded.append((kernels, bias))
+            scales[target] *= 2.0
+        return folded, scales["x"], scales["h"]
+
+    @staticmethod
+    def mogrify(weights, x, h, doubled=True):
         """The rounds on `x` and `h` with `weights` from `round_weights`.
 
-        Returns the tuple `(x, h)` after the last round.
+        Returns the tuple `(x, h)` after the last round. With
+        `doubled=False` the factor 2 of every round is left out (for weights
+        from `fold_doubling`).
         """
         for i, (kernels, bias) in enumerate(weights, start=1):
             z = h if i % 2 == 1 else x
@@ -230,10 +257,12 @@ class Mogrifier(keras.layers.Layer):
             # ones it needs anyway.
             if i % 2 == 1:
                 x = ops.sigmoid(z) * x
-                x = x + x
+                if doubled:
+                    x = x + x
             else:
                 h = ops.sigmoid(z) * h
-                h = h + h
+                if doubled:
+                    h = h + h
         return x, h
 
     def compute_output_shape(self, input_shape):

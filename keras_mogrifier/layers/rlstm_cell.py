@@ -163,12 +163,21 @@ class RLSTMCell(MogrifiedCell):
             )
         return weights
 
+    def prepare_sequence_weights(self, weights):
+        if self.mogrifier is not None:
+            # The input is projected at every step: the kernel is padded
+            # once per sequence instead of the projection at every step.
+            weights["kernel"] = ops.pad(weights["kernel"], [(0, 0), (0, self.units)])
+        return weights
+
     def project_input(self, weights, x):
         # [x @ W_i + b_i, x @ W_j + b_j, b_f]: as wide as `h_prev @ U`, so the
         # step adds the two in one operation and splits once; the forget bias
-        # rides along (x has no weights to f).
+        # rides along (x has no weights to f). Hoisted out of the time loop
+        # (no mogrifier), the projection of all steps is padded at once.
         z_x = ops.matmul(x, weights["kernel"])
-        z_x = ops.pad(z_x, [(0, 0)] * (len(z_x.shape) - 1) + [(0, self.units)])
+        if z_x.shape[-1] == 2 * self.units:
+            z_x = ops.pad(z_x, [(0, 0)] * (len(z_x.shape) - 1) + [(0, self.units)])
         if weights["input_bias"] is not None:
             z_x = ops.add(z_x, weights["input_bias"])
         return z_x

@@ -10,6 +10,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mogrifier import backend
+
 try:  # Keras >= 3.8 keeps masks behind this accessor.
     from keras.src.backend import get_keras_mask as _get_keras_mask
 except ImportError:  # pragma: no cover - older Keras 3 releases
@@ -179,13 +181,12 @@ def token_nll(y_true, y_pred, samples=None):
     if has_samples:
         safe_ids = ops.expand_dims(safe_ids, 1)
         safe_ids = ops.broadcast_to(safe_ids, ops.shape(logits)[:-1])
-    # -log_softmax(logits)[w]; on TensorFlow this is the fused (stable)
-    # sparse softmax cross-entropy kernel.
-    log_prob = ops.negative(
-        ops.sparse_categorical_crossentropy(safe_ids, logits, from_logits=True)
-    )
+    # -log_softmax(logits)[w]; on TensorFlow the fused (stable) sparse
+    # softmax cross-entropy kernel (see `backend.sparse_crossentropy`).
+    log_prob = ops.negative(backend.sparse_crossentropy(safe_ids, logits))
     if has_samples:
         num = ops.cast(ops.shape(logits)[1], log_prob.dtype)
         log_prob = ops.logsumexp(log_prob, axis=1) - ops.log(num)
     nll = ops.negative(log_prob)
     return ops.where(valid, nll, ops.full_like(nll, math.nan))
+

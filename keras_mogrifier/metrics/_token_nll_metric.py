@@ -1,8 +1,12 @@
 """Shared accumulator of the token-level metrics: total nats, total tokens."""
 
+import warnings
+
 import keras
+import numpy as np
 from keras import ops
 
+from keras_mogrifier.losses.token_nll import _concrete_value
 from keras_mogrifier.losses.token_nll import get_keras_mask
 from keras_mogrifier.losses.token_nll import token_nll
 
@@ -23,7 +27,10 @@ class TokenNLLMetric(keras.metrics.Metric):
     token-weighted mean loss in nats over everything seen since the last
     `reset_state()`. Batches of different lengths therefore count by their
     number of tokens, not equally. Over zero tokens (total weight 0) the
-    result is NaN.
+    result is NaN, and read eagerly it also warns that there were no tokens
+    (a NaN is never mistaken for a score). Sample weights must be finite and
+    non-negative: concrete ones (eager calls) are checked, with a
+    `ValueError` before anything is accumulated.
     """
 
     def __init__(self, name, dtype=None):
@@ -38,6 +45,18 @@ class TokenNLLMetric(keras.metrics.Metric):
         )
 
     def update_state(self, y_true, y_pred, sample_weight=None):
+        if sample_weight is not None:
+            value = _concrete_value(sample_weight)
+            if value is not None:
+                value = np.asarray(value, "float64")
+                bad = ~np.isfinite(value) | (value < 0)
+                if bad.any():
+                    raise ValueError(
+                        "Expected `sample_weight` to be finite and "
+                        "non-negative (a token's weight in the mean). "
+                        f"Received: {float(value[bad].flat[0])} at index "
+                        f"{tuple(int(i) for i in np.argwhere(bad)[0])}"
+                    )
         mask = get_keras_mask(y_pred)
         nll = ops.cast(token_nll(y_true, y_pred), self.dtype)
         weights = ops.ones_like(nll)
@@ -61,6 +80,16 @@ class TokenNLLMetric(keras.metrics.Metric):
         """The token-weighted mean negative log-likelihood (nats).
 
         NaN over zero tokens (nothing seen, or every weight 0): there is no
-        score, and NaN cannot be mistaken for a perfect one.
+        score, and NaN cannot be mistaken for a perfect one. Read eagerly,
+        it then warns (`RuntimeWarning`) that there were no tokens.
         """
+        tokens = _concrete_value(self.total_tokens.value)
+        if tokens is not None and float(tokens) == 0.0:
+            warnings.warn(
+                f"`{self.name}` over zero tokens: nothing was seen since the "
+                "last `reset_state()`, or every token had weight 0. The "
+                "result is NaN (there is no score).",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         return ops.divide(self.total_nats, self.total_tokens)

@@ -24,7 +24,9 @@ class Perplexity(TokenNLLMetric):
     token `(batch, time)` or per sequence `(batch,)`) weigh the tokens;
     padded tokens get weight 0. See `keras_mogrifier.losses.token_nll` for
     the id checks. Over zero tokens (nothing seen, or every weight 0) the
-    result is NaN, not a perfect score of 1.
+    result is NaN, not a perfect score of 1, and reading it eagerly warns
+    that there were no tokens. Negative or non-finite sample weights are
+    refused (`ValueError`) when their values are known (eager calls).
 
     Args:
         name: str. Name of the metric, which is also its key in the logs of

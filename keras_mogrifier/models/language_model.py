@@ -1,6 +1,8 @@
+import json
 import threading
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_mogrifier import _validation
@@ -25,10 +27,14 @@ DEFAULT_CHUNK_SIZE = 1024
 # What `with_options` may change: none of these changes a trained weight.
 WITH_OPTIONS = (
     "input_dropout", "cell_output_dropout", "state_dropout", "output_dropout",
-    "dual_dropout", "samples", "softmax_chunk_size", "temperature", "stateful",
-    "batch_size", "l2", "seed", "adaptation_units", "adaptation_streams",
-    "adaptation_layer", "name",
+    "dual_dropout", "dual_embedding_dropout", "dual_hidden_dropout",
+    "mixture_dropout", "samples", "softmax_chunk_size", "temperature", "stateful",
+    "batch_size", "l2", "drop_state_probability", "seed", "adaptation_units",
+    "adaptation_streams", "adaptation_layer", "name",
 )
+# The key under which a saved model records the paths and shapes of its
+# weights, checked on load (a config that does not match its weights).
+_MANIFEST_KEY = "weights_manifest"
 # The carried state a guarded training step read, for `compute_loss` (one
 # per thread: MirroredStrategy traces its replicas in threads).
 _STEP_STATES = threading.local()
@@ -212,6 +218,14 @@ class LanguageModel(keras.Model):
             projection: the mixture's own maps to the embedding width). `1`
             is a `tanh` projection before one softmax. `0` is the single
             softmax. See docs/mixture-of-softmaxes.md. Defaults to `0`.
+        mixture_dropout: float or None. In training, dropout of the
+            mixture's contexts `c_k` (Yang et al.'s `dropoutl`), drawn per
+            position. `None` follows the MoS reference code (zihangdai/mos
+            `main.py` lines 49 and 87-88: `dropoutl` defaults to the
+            inter-layer rate `dropouth`): `cell_output_dropout`. lamb's
+            released Wikitext-2 configuration uses its output dropout here
+            (the `wikitext2` preset sets it). Only with
+            `mixture_of_softmaxes ≥ 1`. Defaults to `None`.
         **kwargs: base model keyword arguments, such as `name`.
 
     Example:
@@ -268,6 +282,7 @@ class LanguageModel(keras.Model):
         dual_hidden_dropout=None,
         vocabulary=None,
         mixture_of_softmaxes=0,
+        mixture_dropout=None,
         **kwargs,
     ):
         v = _validation
@@ -314,6 +329,14 @@ class LanguageModel(keras.Model):
             )
         vocabulary = _as_vocabulary(vocabulary, vocabulary_size)
         mixture_of_softmaxes = check_components(mixture_of_softmaxes)
+        if mixture_dropout is not None:
+            mixture_dropout = v.rate("mixture_dropout", mixture_dropout)
+            if mixture_dropout > 0 and not mixture_of_softmaxes:
+                raise ValueError(
+                    "Expected `mixture_dropout` only with a mixture of "
+                    "softmaxes (`mixture_of_softmaxes` ≥ 1). Received: "
+                    f"mixture_dropout={mixture_dropout}, mixture_of_softmaxes=0"
+                )
         super().__init__(**kwargs)
 
         self.vocabulary_size = vocabulary_size
@@ -356,6 +379,7 @@ class LanguageModel(keras.Model):
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.vocabulary = vocabulary
         self.mixture_of_softmaxes = mixture_of_softmaxes
+        self.mixture_dropout = mixture_dropout
 
         width = embedding_dim or units
         regularizer = keras.regularizers.L2(l2) if l2 > 0 else None
@@ -461,6 +485,8 @@ class LanguageModel(keras.Model):
                 width if self.tie_embeddings else head_width,
                 kernel_regularizer=regularizer,
                 bias_regularizer=regularizer,
+                dropout=self.effective_mixture_dropout,
+                seed=None if seed is None else seed + 200,
                 name="mixture_of_softmaxes",
                 **dense_init,
             )
@@ -634,7 +660,7 @@ class LanguageModel(keras.Model):
 
     def _mixture_log_probabilities(self, features, training):
         # log Σ_k π_k softmax(τ z_k): τ multiplies each component's logits.
-        contexts, log_weights = self.mixture(features)
+        contexts, log_weights = self.mixture(features, training=training)
         if self.output_layer is not None:
             logits = self.output_layer(contexts)
         else:
@@ -706,7 +732,7 @@ class LanguageModel(keras.Model):
         return ops.transpose(self.embedding.embeddings), self.output_bias
 
     def target_log_probabilities(
-        self, features, targets, chunk_size=None, temperature=1.0
+        self, features, targets, chunk_size=None, temperature=1.0, training=False
     ):
         """Log-probability of every target, from the softmax features.
 
@@ -722,11 +748,18 @@ class LanguageModel(keras.Model):
             targets: int tensor `(batch, time)`. The target ids.
             chunk_size: int or None. Tokens per chunk; `None` is the model's
                 `softmax_chunk_size` (or 1024 when that is unset).
-            temperature: float. Softmax temperature τ: the logits are
-                multiplied by it. Defaults to `1.0`.
+            temperature: float, or a list / tuple of them. Softmax
+                temperature τ: the logits are multiplied by it. With several,
+                the result has a last axis of one entry per τ (the
+                features, and a mixture's contexts, computed once). Defaults
+                to `1.0`.
+            training: bool. With a mixture of softmaxes, drop out its
+                contexts (`mixture_dropout`), with the masks an unchunked
+                training call draws. Defaults to `False`.
 
         Returns:
-            A float32 tensor, `features.shape[:-1]`: `log p(target)` of every
+            A float32 tensor, `features.shape[:-1]` (plus one axis of
+            temperatures for a sequence of them): `log p(target)` of every
             token of every sample.
         """
         features = ops.convert_to_tensor(features)
@@ -742,28 +775,60 @@ class LanguageModel(keras.Model):
                 f"features.shape={tuple(features.shape)}, "
                 f"targets.shape={tuple(targets.shape)}"
             )
-        kernel, bias = self.softmax_weights()
-        if temperature != 1.0:
-            # logits × τ = features @ (τ·kernel) + τ·bias
-            kernel = ops.cast(kernel, "float32") * temperature
-            bias = ops.cast(bias, "float32") * temperature
         chunk_size = chunk_size or self.softmax_chunk_size or DEFAULT_CHUNK_SIZE
-        if self.mixture is None:
-            return chunked_target_log_softmax(
-                features, kernel, bias, targets, chunk_size
+        several = isinstance(temperature, (list, tuple))
+        temperatures = list(temperature) if several else [temperature]
+        if self.mixture is not None:
+            # The contexts (and their dropout masks) once, for every τ.
+            contexts, log_weights = self._mixture_of_features(features, training)
+        results = []
+        for tau in temperatures:
+            kernel, bias = self.softmax_weights()
+            if tau != 1.0:
+                # logits × τ = features @ (τ·kernel) + τ·bias
+                kernel = ops.cast(kernel, "float32") * tau
+                bias = ops.cast(bias, "float32") * tau
+            if self.mixture is None:
+                results.append(
+                    chunked_target_log_softmax(features, kernel, bias, targets, chunk_size)
+                )
+                continue
+            # One chunked target log-softmax per component (never a full
+            # (tokens, vocab) block), then logsumexp_k(log π_k + log p_k).
+            per_component = [
+                chunked_target_log_softmax(
+                    contexts[..., k, :], kernel, bias, targets, chunk_size
+                )
+                for k in range(self.mixture_of_softmaxes)
+            ]
+            results.append(
+                ops.logsumexp(
+                    ops.stack(per_component, axis=-1)
+                    + ops.cast(log_weights, "float32"),
+                    axis=-1,
+                )
             )
-        # One chunked target log-softmax per component (never a full
-        # (tokens, vocab) block), then logsumexp_k(log π_k + log p_k).
-        contexts, log_weights = self.mixture(features)
-        per_component = [
-            chunked_target_log_softmax(
-                contexts[..., k, :], kernel, bias, targets, chunk_size
-            )
-            for k in range(self.mixture_of_softmaxes)
-        ]
-        return ops.logsumexp(
-            ops.stack(per_component, axis=-1) + ops.cast(log_weights, "float32"),
-            axis=-1,
+        return ops.stack(results, axis=-1) if several else results[0]
+
+    def _mixture_of_features(self, features, training):
+        if not (training and len(features.shape) == 4):
+            return self.mixture(features, training=training)
+        # (B, D, T, W) → the copy-major rows (D·B, T, W) that `call` feeds
+        # the mixture, so that its dropout masks are the same.
+        shape = ops.shape(features)
+        rows = ops.reshape(
+            ops.transpose(features, (1, 0, 2, 3)), (-1, shape[2], shape[3])
+        )
+        contexts, log_weights = self.mixture(rows, training=training)
+        contexts = ops.reshape(
+            contexts, (shape[1], shape[0]) + tuple(ops.shape(contexts)[1:])
+        )
+        log_weights = ops.reshape(
+            log_weights, (shape[1], shape[0]) + tuple(ops.shape(log_weights)[1:])
+        )
+        return (
+            ops.transpose(contexts, (1, 0, 2, 3, 4)),
+            ops.transpose(log_weights, (1, 0, 2, 3)),
         )
 
     def compute_loss(
@@ -825,7 +890,7 @@ class LanguageModel(keras.Model):
                 f"model with samples={self.samples}"
             )
         self._check_features(y_pred)
-        log_prob = self.target_log_probabilities(y_pred, y)
+        log_prob = self.target_log_probabilities(y_pred, y, training=True)
         # The metrics need the same log-probabilities, which exist only here:
         # they are updated now (`compute_metrics` then only reports). On JAX
         # this is also the only place whose metric updates the trainer keeps
@@ -954,6 +1019,65 @@ class LanguageModel(keras.Model):
                     )
 
     # === Recurrent state ===
+
+    # === Saving ===
+
+    def _weights_manifest(self):
+        """`[[path, shape], ...]` of every weight but the carried state."""
+        states = {id(v) for v in getattr(self, "recurrent_state_variables", [])}
+        return sorted(
+            [_local_path(v), [int(d) for d in v.shape]]
+            for v in self.weights
+            if id(v) not in states
+        )
+
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        # The weights this config makes, so that loading them into a model
+        # of another config is refused rather than half done.
+        store[_MANIFEST_KEY] = np.frombuffer(
+            json.dumps(self._weights_manifest()).encode("utf-8"), dtype=np.uint8
+        )
+
+    def load_weights(self, filepath, *args, **kwargs):
+        # Keras goes on loading the other layers after one fails and raises
+        # at the end: the model's weights (and state) are put back then.
+        saved = [ops.copy(v.value) for v in self.variables]
+        try:
+            return super().load_weights(filepath, *args, **kwargs)
+        except BaseException:
+            for variable, value in zip(self.variables, saved):
+                variable.assign(value)
+            raise
+
+    def load_own_variables(self, store):
+        # Runs before any sub-layer is loaded: a refusal changes nothing.
+        keys = list(store.keys())
+        if _MANIFEST_KEY in keys:
+            saved = json.loads(
+                bytes(np.asarray(store[_MANIFEST_KEY], dtype=np.uint8)).decode("utf-8")
+            )
+            mine = self._weights_manifest()
+            if saved != mine:
+                saved_shapes = {path: shape for path, shape in saved}
+                my_shapes = {path: shape for path, shape in mine}
+                missing = sorted(set(saved_shapes) - set(my_shapes))
+                extra = sorted(set(my_shapes) - set(saved_shapes))
+                reshaped = sorted(
+                    f"{p} {saved_shapes[p]} → {my_shapes[p]}"
+                    for p in set(saved_shapes) & set(my_shapes)
+                    if saved_shapes[p] != my_shapes[p]
+                )
+                raise ValueError(
+                    "Expected the saved weights to be those of this model's "
+                    "configuration (was the config edited, or the weights "
+                    "saved from another model?). Received: weights this "
+                    f"config has no place for: {missing[:8]}; weights it "
+                    f"needs that were not saved: {extra[:8]}; other shapes: "
+                    f"{reshaped[:8]}"
+                )
+            store = {key: store[key] for key in keys if key != _MANIFEST_KEY}
+        super().load_own_variables(store)
 
     def reset_states(self):
         """Zeroes the carried recurrent state (every row)."""
@@ -1247,13 +1371,27 @@ class LanguageModel(keras.Model):
                     None if self.vocabulary is None else self.vocabulary.get_config()
                 ),
                 "mixture_of_softmaxes": self.mixture_of_softmaxes,
+                "mixture_dropout": self.mixture_dropout,
             }
         )
         return config
 
     @classmethod
     def from_config(cls, config):
+        config = dict(config)
+        if config.get("mixture_of_softmaxes") and "mixture_dropout" not in config:
+            # Saved before the option: trained without it, and kept so.
+            config["mixture_dropout"] = 0.0
         return cls(**config)
+
+    @property
+    def effective_mixture_dropout(self):
+        """The dropout rate of the mixture's contexts (0 without a mixture)."""
+        if not self.mixture_of_softmaxes:
+            return 0.0
+        if self.mixture_dropout is None:
+            return self.cell_output_dropout
+        return self.mixture_dropout
 
     def with_options(self, **overrides):
         """A new model of the same weights with some arguments changed.
@@ -1265,9 +1403,10 @@ class LanguageModel(keras.Model):
         by name; the new model's recurrent state starts at zero.
 
         Only arguments that change no trained weight may be overridden:
-        the dropout rates, `samples`, `softmax_chunk_size`, `temperature`,
-        `stateful`, `batch_size`, `l2`, `seed`, the `adaptation_*`
-        arguments and `name` (see `WITH_OPTIONS`). Others (`units`,
+        the dropout rates (the Dual head's and the mixture's included),
+        `samples`, `softmax_chunk_size`, `temperature`, `stateful`,
+        `batch_size`, `l2`, `drop_state_probability`, `seed`, the
+        `adaptation_*` arguments and `name` (see `WITH_OPTIONS`). Others (`units`,
         `num_layers`, `vocabulary_size`, `embedding_dim`, `cell`,
         `mogrifier_rounds`, `mogrifier_rank`, `dual`, ...) would make a
         model of other weights: build a new `LanguageModel` for that.

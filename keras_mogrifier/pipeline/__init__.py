@@ -5,11 +5,13 @@ from keras_mogrifier.pipeline.language_modeling import build_optimizer
 from keras_mogrifier.pipeline.language_modeling import compile_language_model
 from keras_mogrifier.pipeline.language_modeling import dynamic_evaluation
 from keras_mogrifier.pipeline.language_modeling import evaluate_language_model
+from keras_mogrifier.pipeline.language_modeling import format_sample
 from keras_mogrifier.pipeline.language_modeling import generation_sample
 from keras_mogrifier.pipeline.language_modeling import like_for_like_evaluation
 from keras_mogrifier.pipeline.language_modeling import load_checkpoint
 from keras_mogrifier.pipeline.language_modeling import run_experiment
 from keras_mogrifier.pipeline.language_modeling import save_language_model
+from keras_mogrifier.pipeline.language_modeling import static_stream_losses
 from keras_mogrifier.pipeline.language_modeling import write_results
 from keras_mogrifier.pipeline.presets import PRESETS
 from keras_mogrifier.pipeline.presets import get_preset

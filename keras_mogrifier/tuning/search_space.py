@@ -185,7 +185,7 @@ DYNAMIC_EVALUATION_SEARCH_SPACE = {
 # The RMS rules share Table 6's box (converted above); eq. 6 reads λ as the
 # fraction of (θ_g − θ) restored per segment, everywhere alike, for which the
 # same 1e-6–1e-2 is the natural range (eq. 8's min(1, λ·RMS/mean RMS) is that
-# fraction for an element of average RMS). Plain SGD (eq. 4; eq. 2 with λ = 0)
+# fraction for an element of average RMS). SGD (eq. 4; plain SGD with λ = 0)
 # has no published range: its step η·g equals the RMS rule's η_rms·g/RMS for
 # η = η_rms / RMS, and the mean RMS of a trained word-level model's gradients
 # is ~1e-3 (measured on the PTB models of docs/dynamic-evaluation.md), so

@@ -43,7 +43,7 @@ def study(paper_tables, tmp_path_factory):
     return tmp, paths
 
 
-def test_rows_have_equal_budgets_equal_tuning_and_the_schema(study):
+def test_rows_have_equal_budgets_equal_tuning_and_the_schema(study, paper_tables):
     tmp, _ = study
     data = json.loads((tmp / "study.json").read_text())
     assert data["settings"]["seeds"] == [3, 4] and "command" in data
@@ -72,6 +72,8 @@ def test_rows_have_equal_budgets_equal_tuning_and_the_schema(study):
         assert chosen["training"]["learning_rate"] == best["hyperparameters"]["learning_rate"]
         assert chosen["model"]["input_dropout"] == best["hyperparameters"]["input_dropout"]
         assert chosen["model"]["units"] == row["units"]
+        # Adam's ε as the recorded study ran (not the hypermodel's default).
+        assert chosen["training"]["epsilon"] == paper_tables.ADAM_EPSILON == 1e-7
         # Means over the seeds, and the first seed's curve.
         tests = [s["static"]["test"] for s in row["seeds"]]
         assert row["static"]["test"] == pytest.approx(sum(tests) / 2)

@@ -277,3 +277,55 @@ def test_requires_the_two_tailed_optimizer():
 def test_invalid_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         TwoTailedAveraging(**kwargs)
+
+
+def test_default_monitor_is_the_validation_loss_without_the_l2_penalty():
+    """Circling Back compares the averages by validation quality: the default
+    monitor is the compiled loss less the weight penalty `evaluate` adds."""
+    x, y = _data()
+    x_val, y_val = _data(seed=1, n=16)
+
+    def first_raw_loss(**kwargs):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((3,)),
+            # A fixed start (the same on every backend) far from the target
+            # weights, so that the penalty is not negligible.
+            keras.layers.Dense(1, kernel_regularizer=keras.regularizers.L2(0.5),
+                               kernel_initializer=keras.initializers.Constant(1.5)),
+        ])
+        model.compile(optimizer=TwoTailedAveragingOptimizer(RectifiedAdam(0.05)),
+                      loss="mse")
+        record = testing.RecordWeights()
+        tta = TwoTailedAveraging((x_val, y_val), evaluation_frequency=5, verbose=0,
+                                 **kwargs)
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[record, tta])
+        kernel, bias = record.weights[4]  # the raw weights after 5 steps
+        mse = float(np.mean((x_val @ kernel + bias - y_val) ** 2))
+        return tta, tta.evaluations[0]["raw_loss"], mse, 0.5 * float(np.sum(kernel**2))
+
+    tta, raw_loss, mse, penalty = first_raw_loss()
+    assert tta.monitor == "unregularized_loss"
+    assert penalty > 0.1 * mse  # the penalty is not negligible here
+    assert raw_loss == pytest.approx(mse, rel=1e-4)
+    # "loss", the compiled loss with the penalty, is still there to choose.
+    _, raw_loss, mse, penalty = first_raw_loss(monitor="loss")
+    assert raw_loss == pytest.approx(mse + penalty, rel=1e-4)
+
+
+def test_default_monitor_refuses_activity_regularizers_before_training():
+    x, y = _data()
+    model = keras.Sequential([
+        keras.Input((3,)),
+        keras.layers.Dense(1, activity_regularizer=keras.regularizers.L2(0.1)),
+    ])
+    model.compile(optimizer=TwoTailedAveragingOptimizer(RectifiedAdam(0.05)), loss="mse")
+    before = [ops.convert_to_numpy(v).copy() for v in model.weights]
+    tta = TwoTailedAveraging((x, y), evaluation_frequency=2, verbose=0)
+    with pytest.raises(ValueError, match="explicit `monitor`.*activity regularizers"):
+        model.fit(x, y, verbose=0, callbacks=[tta])
+    for v, b in zip(model.weights, before):
+        np.testing.assert_array_equal(ops.convert_to_numpy(v), b)
+    with pytest.raises(ValueError, match="Expected `monitor`"):
+        TwoTailedAveraging((x, y), monitor=3)

@@ -89,12 +89,17 @@ def test_char_level_spaces_and_eos(tmp_path):
     assert corpus.level == "char"
 
 
-def test_unknown_token_without_unk_names_token_file_and_line(tmp_path):
+def test_unseen_tokens_add_unk_and_a_fixed_vocabulary_without_it_names_file_and_line(tmp_path):
     _write(
         tmp_path, {"train": "a b\nb a\n", "valid": "a b\nb zebra a\n", "test": "a\n"}
     )
+    # Training lacks 'zebra' and holds no <unk>: <unk> is added for it.
+    corpus = load_corpus(tmp_path)
+    assert corpus.vocabulary.tokens == ["<eos>", "a", "b", "<unk>"]
+    assert corpus.vocabulary.to_tokens(corpus.valid[3:6]) == ["b", "<unk>", "a"]
+    # A given vocabulary without <unk>: an error naming token, file and line.
     with pytest.raises(ValueError) as info:
-        load_corpus(tmp_path)
+        load_corpus(tmp_path, vocabulary=Vocabulary(["<eos>", "a", "b"]))
     message = str(info.value)
     assert "'zebra'" in message
     assert "valid split" in message and "ptb.valid.txt" in message
@@ -166,9 +171,10 @@ def test_unreadable_files_are_named(tmp_path):
     (was a bare `UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff`)."""
     _write(tmp_path, {"train": TRAIN, "valid": TRAIN, "test": TEST})
     (tmp_path / "ptb.valid.txt").write_bytes(b"\xff\xfe a b\n")
-    with pytest.raises(ValueError, match=r"ptb\.valid\.txt.*UTF-8 text") as info:
+    with pytest.raises(ValueError, match=r"ptb\.valid\.txt.*encoding 'utf-8'") as info:
         load_corpus(tmp_path)
-    assert "UnicodeDecodeError" in str(info.value)
+    assert "at byte 0, line 1" in str(info.value)
+    assert "level='byte'" in str(info.value) and "encoding=" in str(info.value)
     (tmp_path / "ptb.valid.txt").write_text(TRAIN)
     (tmp_path / "ptb.test.txt").unlink()
     whole = gzip.compress(TEST.encode("utf-8") * 50)

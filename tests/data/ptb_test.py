@@ -46,9 +46,13 @@ def test_from_data_dir(tmp_path, no_network, compress):
     vocab = corpus.vocabulary
     assert vocab.to_tokens(corpus.valid) == ["the", "<unk>", "sat", "<eos>"]
     assert vocab.to_tokens(corpus.test) == ["<unk>", "cat", "<eos>"]
-    # Character level has no <unk> character: an unseen character is an error.
-    with pytest.raises(ValueError, match=r"Token 'd' \(valid split.*line 1"):
-        load_ptb(tmp_path, level="char")
+    # Character level: the letters of "dog" are unseen in training; <unk>
+    # is added for them.
+    chars = load_ptb(tmp_path, level="char")
+    assert chars.vocabulary.level == "char"
+    assert "".join(
+        "?" if t == "<unk>" else t for t in chars.vocabulary.to_tokens(chars.valid[:7])
+    ) == "the ???"
 
 
 def test_missing_data_dir_is_an_error_not_a_fallback(tmp_path, no_network):

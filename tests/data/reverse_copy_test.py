@@ -6,18 +6,24 @@ import pytest
 from keras_mogrifier.data import reverse_copy
 
 
-def test_structure_marker_and_reversal():
+def test_structure_is_lambs_conditioned_layout():
+    """lamb/corpus.py 283-298: cond = tokens + eos; source = eos + target
+    tokens; target = target tokens + eos (the copy, reversed, here)."""
     (encoder, decoder), targets = reverse_copy(50, 7, vocabulary_size=13, seed=0)
     for array in (encoder, decoder, targets):
-        assert array.shape == (50, 7) and array.dtype == np.int32
-    np.testing.assert_array_equal(targets, encoder[:, ::-1])
-    np.testing.assert_array_equal(decoder[:, 0], np.full(50, 13))  # the marker
+        assert array.shape == (50, 8) and array.dtype == np.int32
+    eos = np.full(50, 13)
+    np.testing.assert_array_equal(encoder[:, -1], eos)
+    np.testing.assert_array_equal(decoder[:, 0], eos)
+    np.testing.assert_array_equal(targets[:, -1], eos)
+    np.testing.assert_array_equal(targets[:, :-1], encoder[:, -2::-1])  # reversed
     np.testing.assert_array_equal(decoder[:, 1:], targets[:, :-1])  # teacher forcing
-    assert encoder.min() >= 0 and encoder.max() < 13
+    assert encoder[:, :-1].min() >= 0 and encoder[:, :-1].max() < 13
 
 
 def test_tokens_are_uniform():
     (encoder, _), _ = reverse_copy(20_000, 10, vocabulary_size=8, seed=1)
+    encoder = encoder[:, :-1]
     counts = np.bincount(encoder.ravel(), minlength=8)
     expected = encoder.size / 8
     chi2 = ((counts - expected) ** 2 / expected).sum()
@@ -42,6 +48,9 @@ def test_seeds():
         ((5, 5, 1), {}, "vocabulary_size"),
         ((5, 5, 2.5), {}, "vocabulary_size"),
         ((5, 5, 10), {"seed": 1.5}, "seed"),
+        ((5, 5, 10), {"seed": -1}, "Expected `seed` to be a non-negative int"),
+        ((5, 5, 2**31), {}, r"Expected `vocabulary_size` below 2147483647"),
+        ((2**20, 2**12, 10), {}, r"num_examples=1048576, length=4096"),
     ],
 )
 def test_bad_sizes_raise(args, kwargs, message):

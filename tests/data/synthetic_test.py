@@ -44,7 +44,7 @@ def test_sizes_vocabulary_and_special_tokens():
     for split, size in (("train", 100_000), ("valid", 10_000), ("test", 10_000)):
         assert size <= len(corpus[split]) < size + 100
     vocab = corpus.vocabulary
-    assert 300 <= len(vocab) <= 1000
+    assert 800 <= len(vocab) <= 1500
     assert vocab.unk_id is not None and vocab.eos_id is not None
     counts = np.bincount(corpus.train, minlength=len(vocab))
     assert 0.01 < counts[vocab.unk_id] / counts.sum() < 0.1
@@ -108,3 +108,67 @@ def test_char_level_and_argument_errors():
         synthetic_corpus(level="bytes")
     with pytest.raises(ValueError, match="split"):
         synthetic_lines(10, split="")
+
+
+def _documents(lines):
+    documents, current = [], []
+    for line in lines:
+        if line == "":
+            documents.append(current)
+            current = []
+        else:
+            current.append(line.split())
+    return documents
+
+
+def test_documents_repeat_their_own_names_and_topic():
+    """Documents, separated by a blank line (an <eos> alone), each with its
+    own people and companies: a name seen in a document is far more likely
+    to come back in it than in any other document."""
+    lines = synthetic_lines(60_000)
+    documents = _documents(lines)
+    assert 150 < len(documents) < 400
+    lengths = [sum(len(s) + 1 for s in d) for d in documents]
+    assert 150 < np.mean(lengths) < 450 and min(len(d) for d in documents) >= 6
+    names = set(synthetic._PERSON_POOL) | set(synthetic._COMPANY_POOL)
+    assert len(synthetic._PERSON_POOL) == 300 and len(synthetic._COMPANY_POOL) == 200
+    # Names are the pools' own (no grammar word among them).
+    assert not names & synthetic._grammar_words() - set(synthetic._PERSON_NAMES) - set(
+        synthetic._COMPANY_NAMES
+    )
+    repeated, mentions, seen_elsewhere = 0, 0, 0
+    for k, document in enumerate(documents[:-1]):
+        words = [w for sentence in document for w in sentence]
+        doc_names = [w for w in words if w in names]
+        counts = collections.Counter(doc_names)
+        mentions += len(doc_names)
+        repeated += sum(c for c in counts.values() if c > 1)
+        # The next document: how often does it name this one's main entity?
+        main = counts.most_common(1)[0][0] if counts else None
+        nxt = [w for sentence in documents[k + 1] for w in sentence]
+        seen_elsewhere += main is not None and main in nxt
+    # Most name mentions repeat a name of the same document...
+    assert repeated / mentions > 0.7
+    # ...and a document's main name is rarely in the next one.
+    assert seen_elsewhere / (len(documents) - 1) < 0.15
+    # A topic: the document's most frequent noun of the topic lists is far
+    # more frequent inside it than in the corpus as a whole.
+    topic_nouns = {n for t in synthetic._TOPICS for pair in t["things"] for n in pair}
+    overall = collections.Counter(w for line in lines for w in line.split() if w in topic_nouns)
+    total = sum(overall.values())
+    ratios = []
+    for document in documents:
+        inside = collections.Counter(w for s in document for w in s if w in topic_nouns)
+        if sum(inside.values()) >= 10:
+            word, count = inside.most_common(1)[0]
+            ratios.append((count / sum(inside.values())) / (overall[word] / total))
+    assert np.median(ratios) > 4
+
+
+def test_the_document_structure_is_in_the_corpus_ids():
+    corpus = synthetic_corpus(train_tokens=20_000, valid_tokens=2_000, test_tokens=2_000)
+    eos = corpus.vocabulary.eos_id
+    ids = corpus.train
+    # A blank line between documents: two <eos> in a row.
+    boundaries = np.flatnonzero((ids[:-1] == eos) & (ids[1:] == eos))
+    assert 40 < len(boundaries) < 120

@@ -84,3 +84,83 @@ def test_save_and_load_json(tmp_path):
     (tmp_path / "other.json").write_text('{"tokens": []}')
     with pytest.raises(ValueError, match="format tag"):
         Vocabulary.load(tmp_path / "other.json")
+
+
+# === Levels: text in and out ===
+
+MIXED = "Zürich, Ελληνικά, Русский, 日本語 🙂\nnaïve café"
+
+
+def test_level_is_given_or_inferred():
+    assert Vocabulary(["a", "<eos>"]).level == "word"
+    assert Vocabulary(["a", " ", "<eos>"]).level == "char"
+    assert Vocabulary.bytes().level == "byte"
+    assert Vocabulary(Vocabulary.bytes().tokens).level == "byte"
+    assert Vocabulary(["ab", "<eos>"], level="word").level == "word"
+    with pytest.raises(ValueError, match="level"):
+        Vocabulary(["a", "<eos>"], level="bytes")
+    with pytest.raises(ValueError, match="single characters.*'ab'"):
+        Vocabulary(["ab", " ", "<eos>"], level="char")
+    with pytest.raises(ValueError, match="Vocabulary.bytes"):
+        Vocabulary(["a", "<eos>"], level="byte")
+    with pytest.raises(ValueError, match="encoding"):
+        Vocabulary.bytes(encoding="no-such-codec")
+
+
+def test_word_level_encode_and_decode():
+    vocab = Vocabulary(["<eos>", "the", "cat", "<unk>"])
+    ids = vocab.encode("the  cat\nthe dog")
+    assert vocab.to_tokens(ids) == ["the", "cat", "<eos>", "the", "<unk>"]
+    assert vocab.decode(ids) == "the cat <eos> the <unk>"
+    # <eos> may be written out.
+    assert vocab.encode("the <eos> cat").tolist() == [1, 0, 2]
+    strict = Vocabulary(["<eos>", "the"])
+    with pytest.raises(ValueError, match=r"'cat' \(position 1 of prompt 2\)"):
+        strict.encode("the cat", where="prompt 2")
+    with pytest.raises(ValueError, match="string"):
+        vocab.encode(b"the cat")
+
+
+def test_char_level_encode_and_decode():
+    vocab = Vocabulary(["a", " ", "b", "<eos>", "c"])
+    ids = vocab.encode("ab  c\n ba ")
+    assert vocab.to_tokens(ids) == ["a", "b", " ", "c", "<eos>", "b", "a"]
+    assert vocab.decode(ids) == "ab c\nba"
+
+
+def test_byte_level_round_trips_any_text_exactly():
+    vocab = Vocabulary.bytes()
+    assert len(vocab) == 257 and vocab.eos_id == 256 and vocab.unk_id is None
+    ids = vocab.encode(MIXED)
+    raw = np.frombuffer(MIXED.encode("utf-8"), np.uint8).astype(int)
+    np.testing.assert_array_equal(ids, np.where(raw == 10, 256, raw))
+    assert vocab.decode(ids) == MIXED
+    assert vocab.to_tokens(vocab.encode("a\n\x00é")) == ["a", "<eos>", "<0x00>", "<0xC3>", "<0xA9>"]
+    # Bytes go in as they are; a sampled sequence that is not UTF-8 decodes
+    # with U+FFFD instead of failing.
+    assert vocab.encode(b"\xff\n").tolist() == [255, 256]
+    assert vocab.decode([0xC3]) == "\ufffd"
+    latin = Vocabulary.bytes(encoding="latin-1")
+    assert latin.decode(latin.encode("café")) == "café"
+    assert latin.encode("é").tolist() == [0xE9]
+
+
+def test_levels_are_saved_and_old_configs_without_one_still_load(tmp_path):
+    for vocab in (Vocabulary(["<eos>", "the"]), Vocabulary(["a", " ", "<eos>"]),
+                  Vocabulary.bytes("latin-1")):
+        config = vocab.get_config()
+        assert config["level"] == vocab.level
+        assert Vocabulary.from_config(config) == vocab
+        path = tmp_path / f"{vocab.level}.json"
+        vocab.save(path)
+        assert Vocabulary.load(path) == vocab
+        assert Vocabulary.load(path).encoding == vocab.encoding
+    # Saved before levels existed: the tokens tell.
+    old = {"tokens": ["a", " ", "<eos>"], "eos_token": "<eos>", "unk_token": "<unk>"}
+    assert Vocabulary.from_config(old).level == "char"
+    old["tokens"] = ["a", "<eos>"]
+    assert Vocabulary.from_config(old).level == "word"
+    (tmp_path / "v1.json").write_text(json.dumps({"format": "keras_mogrifier.Vocabulary", "version": 1, **old}))
+    assert Vocabulary.load(tmp_path / "v1.json").level == "word"
+    # The level is part of equality: same tokens, other level, other vocabulary.
+    assert Vocabulary(["a", "<eos>"], level="char") != Vocabulary(["a", "<eos>"], level="word")

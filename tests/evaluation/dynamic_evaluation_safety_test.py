@@ -108,17 +108,24 @@ CORNERS = [
 def test_a_stream_of_words_missing_from_the_statistics_stays_finite(
     trained_on_half_the_vocabulary,
 ):
-    """Krause's defaults and every corner of the default search space."""
+    """Krause's defaults and every corner of the default search space: on a
+    stream of words that had no statistics, adaptation stays within a small
+    margin of static evaluation (an unbounded step η·g/ε on their embedding
+    rows would blow the loss up, or diverge)."""
     model, train = trained_on_half_the_vocabulary
     rng = np.random.default_rng(3)
     unseen = rng.integers(VOCAB // 2, VOCAB, 120)  # only words absent from train
     evaluator = DynamicEvaluator(model)
+    static = evaluator.evaluate(unseen, verbose=0, adapt=False)["loss"]
+    worst = -np.inf
     for settings in [dict(learning_rate=5e-5, decay_rate=2e-3, epsilon=2e-5, segment_length=5)] + CORNERS:
         for name, value in settings.items():
             setattr(evaluator, name, value)
         evaluator.collect_gradient_statistics(train[:1000], batch_size=1)
         result = evaluator.evaluate(unseen, verbose=0)  # raises DivergenceError if not
         assert np.isfinite(result["loss"]), settings
+        worst = max(worst, result["loss"] - static)
+    assert worst < 1.0, worst
 
 
 def test_adaptation_still_helps_on_repeated_text(trained_on_half_the_vocabulary):
@@ -148,7 +155,7 @@ def test_divergence_stops_at_the_first_non_finite_segment_and_restores(
     assert error.stream == 0 and error.settings["learning_rate"] == 1e37
     assert error.segment >= 1 and 5 * error.segment < error.token <= 5 * error.segment + 5
     assert error.tokens_scored == 5 * error.segment
-    assert not np.isfinite(error.loss)
+    assert not np.isfinite(error.loss) or error.loss > 709.78
     # Stopped there: far fewer segments than the stream has.
     assert len(record.after_segment) == error.segment < 79
     for v, w in zip(model.weights, weights):

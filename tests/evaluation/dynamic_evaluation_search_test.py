@@ -73,6 +73,19 @@ def test_sequential_tunes_learning_rate_then_decay(evaluator):
     assert best["loss"] == min(r["loss"] for r in results)
 
 
+def test_sequential_runs_no_setting_twice(evaluator):
+    # The evaluator's decay rate (1e-3) is among the candidates: the pair
+    # (best η, 1e-3) was run in the first stage and is not run again.
+    best = search_dynamic_evaluation(
+        evaluator, TEXT, learning_rates=[0.0, 2e-3], decay_rates=[1e-3, 0.5],
+        strategy="sequential",
+    )
+    pairs = [(r["learning_rate"], r["decay_rate"]) for r in best["results"]]
+    assert len(pairs) == 3 == len(set(pairs))
+    assert pairs[:2] == [(0.0, 1e-3), (2e-3, 1e-3)]
+    assert pairs[2][1] == 0.5
+
+
 def test_a_diverged_setting_never_wins():
     class Fake(DynamicEvaluator):
         losses = {1.0: float("nan"), 2.0: 3.0, 3.0: float("inf"), 4.0: 2.5}

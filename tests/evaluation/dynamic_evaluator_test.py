@@ -318,17 +318,56 @@ def test_update_rule_matches_hand_computation(decay_rate, normalizer, dropout):
     np.testing.assert_allclose(result["bits_per_token"], loss / np.log(2), rtol=1e-5)
 
 
-def test_decay_only_pulls_back_to_trained_weights():
-    """η = 0 and λ > 0 from θ = θ_g: nothing moves, the result is static."""
+class Perturb(keras.callbacks.Callback):
+    """Moves the weights away from θ_g once, after the first segment."""
+
+    def __init__(self, variables, offsets):
+        super().__init__()
+        self.variables, self.offsets = variables, offsets
+
+    def on_test_batch_end(self, batch, logs=None):
+        if batch == 0:
+            for v, offset in zip(self.variables, self.offsets):
+                v.assign(to_numpy(v) + offset)
+
+
+@pytest.mark.parametrize("normalizer", ["tensor_mean", "global_mean"])
+def test_decay_only_pulls_back_to_trained_weights(normalizer):
+    """η = 0, λ > 0: from θ = θ_g nothing moves (the result is static); moved
+    away from θ_g, every element returns by its eq. 8 fraction
+    min(1, λ RMS / mean(RMS)) per segment, to θ_g and nowhere else."""
     model = lstm_model()
-    stream = np.random.default_rng(1).integers(0, VOCAB, 12)
-    ev = DynamicEvaluator(model, learning_rate=0.0, decay_rate=0.9)
-    ev.gradient_statistics = random_statistics(model.trainable_variables)
-    capture = testing.CaptureVariables(model.trainable_variables)
-    before = [to_numpy(v).copy() for v in model.trainable_variables]
+    stream = np.random.default_rng(1).integers(0, VOCAB, 16)  # 3 segments of 5
+    variables = model.trainable_variables
+    statistics = random_statistics(variables)
+    ev = DynamicEvaluator(model, learning_rate=0.0, decay_rate=0.9, normalizer=normalizer)
+    ev.gradient_statistics = statistics
+    before = [to_numpy(v).copy() for v in variables]
+    capture = testing.CaptureVariables(variables)
     ev.evaluate(stream, callbacks=[capture], verbose=0)
     for after in capture.after_segment:
         assert_same(after, before)
+    rng = np.random.default_rng(5)
+    offsets = [rng.normal(size=v.shape).astype("float32") for v in variables]
+    capture = testing.CaptureVariables(variables)
+    ev.evaluate(stream, callbacks=[Perturb(variables, offsets), capture], verbose=0)
+    rms = [np.sqrt(statistics[v.path]) for v in variables]
+    if normalizer == "tensor_mean":
+        mean_rms = np.mean([r.mean() for r in rms])
+    else:
+        mean_rms = sum(r.sum() for r in rms) / sum(r.size for r in rms)
+    fractions = [np.minimum(1.0, 0.9 * r / mean_rms) for r in rms]
+    assert any(np.any(f == 1.0) for f in fractions)
+    assert any(np.any((f > 0) & (f < 1)) for f in fractions)
+    deviation = offsets
+    for after in capture.after_segment[1:]:  # segments 2 and 3 decay
+        deviation = [d * (1.0 - f) for d, f in zip(deviation, fractions)]
+        for a, theta_g, d in zip(after, before, deviation):
+            np.testing.assert_allclose(a, theta_g + d, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(capture.after_segment[-1][0], before[0] + offsets[0])
+    # Restored afterwards, as always.
+    for v, b in zip(variables, before):
+        np.testing.assert_array_equal(to_numpy(v), b)
 
 
 @testing.backend_specific(
@@ -779,3 +818,42 @@ def test_backend_without_gradients_raises(monkeypatch):
     monkeypatch.setattr(keras.backend, "backend", lambda: "numpy")
     with pytest.raises(ValueError, match="tensorflow.*jax.*torch.*Received: 'numpy'"):
         DynamicEvaluator()
+
+
+def test_a_huge_finite_loss_is_a_divergence_not_a_number():
+    """SGD at η = 1e20 gave a loss of about 4e19 and perplexity inf, reported
+    as a result: a token loss no float's exp can hold is a divergence."""
+    from keras_mogrifier.evaluation import DivergenceError
+
+    model = lstm_model()
+    stream = np.random.default_rng(1).integers(0, VOCAB, 16)
+    set_random_state(model)
+    weights, states = weight_values(model), state_values(model)
+    ev = DynamicEvaluator(model, update_rule="sgd", learning_rate=1e20, decay_rate=0.0)
+    with pytest.raises(DivergenceError, match="diverged at token") as caught:
+        ev.evaluate(stream, verbose=0)
+    assert np.isnan(caught.value.loss) or caught.value.loss > 709.78
+    assert_same(weight_values(model), weights)
+    assert_same(state_values(model), states)
+    # Without stopping, the numbers are what they are (asked for).
+    result = ev.evaluate(stream, verbose=0, stop_on_divergence=False)
+    assert not np.isfinite(result["perplexity"])
+    assert_same(weight_values(model), weights)
+
+
+def test_a_vocabulary_size_larger_than_the_models_is_refused():
+    model = lstm_model()
+    with pytest.raises(ValueError, match=r"Expected `vocabulary_size` to be at most the "
+                       rf"model's vocabulary \({VOCAB} ids.*vocabulary_size={VOCAB + 5}"):
+        DynamicEvaluator(model, vocabulary_size=VOCAB + 5)
+    # Set afterwards, it is refused before any step.
+    ev = DynamicEvaluator(model, vocabulary_size=VOCAB - 1)
+    ev.vocabulary_size = VOCAB + 1
+    weights = weight_values(model)
+    with pytest.raises(ValueError, match="Expected `vocabulary_size` to be at most"):
+        ev.evaluate(np.array([1, VOCAB, 2]), adapt=False, verbose=0)
+    assert_same(weight_values(model), weights)
+    # A smaller one is a stricter check, as documented.
+    with pytest.raises(ValueError, match=rf"token ids in \[0, {VOCAB - 1}\)"):
+        DynamicEvaluator(model, vocabulary_size=VOCAB - 1).evaluate(
+            np.array([1, VOCAB - 1, 2]), adapt=False, verbose=0)

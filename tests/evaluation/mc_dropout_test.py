@@ -4,6 +4,8 @@ from testing import to_numpy
 
 from keras_mogrifier.data.batching import StreamDataset
 from keras_mogrifier.evaluation.mc_dropout import mc_dropout_evaluate
+from keras_mogrifier.evaluation.mc_dropout import search_mc_dropout_temperature
+from keras_mogrifier.evaluation.temperature import evaluate_stream
 from keras_mogrifier.losses import IWAEDropoutLoss
 from keras_mogrifier.metrics import Perplexity
 from keras_mogrifier.models import LanguageModel
@@ -51,8 +53,9 @@ def test_matches_a_numpy_average_of_probabilities_over_passes():
     assert result["perplexity"] == pytest.approx(np.exp(expected), rel=1e-5)
     assert result["num_tokens"] == tokens == B * (len(STREAM) // B - 1)
     assert result["passes"] == 3
-    # Averaging probabilities beats every single pass's loss on average.
-    assert expected < np.mean(per_pass)
+    # Each pass is its own dropout network (own masks, own state): the
+    # passes' losses differ, so the ensemble is not one network K times.
+    assert len({round(float(p), 6) for p in per_pass}) == 3
 
 
 def test_without_dropout_equals_ordinary_evaluation():
@@ -113,3 +116,63 @@ def test_uses_logits_when_the_softmax_width_equals_the_vocabulary():
         nll = -np.log(np.take_along_axis(p, y[:, None, :, None], -1)[..., 0].mean(1))
         total, count = total + (nll * w).sum(), count + w.sum()
     assert result["loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_never_zeroes_the_carried_state_during_evaluation():
+    """lamb drops the state only in training (training.py 435-441): with every
+    dropout rate 0, MC evaluation equals the static one, whatever the model's
+    `drop_state_probability`."""
+    model = _model(drop_state_probability=0.9)
+    static = evaluate_stream(model, STREAM, batch_size=B, sequence_length=T)
+    result = mc_dropout_evaluate(model, STREAM, passes=3, batch_size=B, sequence_length=T,
+                                 seed=5)
+    assert result["loss"] == pytest.approx(static["loss"], rel=1e-5)
+    assert result["num_tokens"] == static["num_tokens"]
+
+
+def test_dropout_scale_multiplies_every_rate():
+    """lamb's `eval_dropout_multiplier` (lm.py 527-549) scales every rate."""
+    model = _model(**DROPOUT)
+    scaled = mc_dropout_evaluate(model, STREAM, passes=3, batch_size=B, sequence_length=T,
+                                 seed=11, chunk_size=5, dropout_scale=0.5)
+    half = model.with_options(**{name: rate * 0.5 for name, rate in DROPOUT.items()})
+    expected, _, _ = _numpy_ensemble_nll(half, 3, seed=11)
+    assert scaled["loss"] == pytest.approx(expected, rel=1e-5)
+    assert scaled["dropout_scale"] == 0.5
+    full = mc_dropout_evaluate(model, STREAM, passes=3, batch_size=B, sequence_length=T,
+                               seed=11, chunk_size=5)
+    assert full["loss"] != pytest.approx(scaled["loss"], rel=1e-3)
+    # Scale 0: dropout off, the deterministic evaluation.
+    off = mc_dropout_evaluate(model, STREAM, passes=2, batch_size=B, sequence_length=T,
+                              dropout_scale=0.0)
+    static = evaluate_stream(model.with_options(temperature=1.0), STREAM, batch_size=B,
+                             sequence_length=T)
+    assert off["loss"] == pytest.approx(static["loss"], rel=1e-5)
+    # A scale that would make a rate ≥ 1 is refused, naming the rate.
+    with pytest.raises(ValueError, match=r"dropout_scale.*input_dropout=1\.2"):
+        mc_dropout_evaluate(model, STREAM, passes=2, dropout_scale=4.0)
+    with pytest.raises(ValueError, match="Expected `dropout_scale`"):
+        mc_dropout_evaluate(model, STREAM, passes=2, dropout_scale=-1.0)
+
+
+def test_temperature_search_scores_the_ensemble_at_every_candidate():
+    model = _model(**DROPOUT, temperature=0.9)
+    before = [to_numpy(w).copy() for w in model.weights]
+    taus = (1.06, 0.9, 0.7)
+    found = search_mc_dropout_temperature(model, STREAM, passes=3, batch_size=B,
+                                          sequence_length=T, seed=11, temperatures=taus)
+    for tau in taus:
+        one = mc_dropout_evaluate(model, STREAM, passes=3, batch_size=B, sequence_length=T,
+                                  seed=11, temperature=tau)
+        assert found["losses"][tau] == pytest.approx(one["loss"], rel=1e-5)
+    assert found["temperature"] == min(found["losses"], key=found["losses"].get)
+    assert found["loss"] == found["losses"][found["temperature"]]
+    assert len(set(found["losses"].values())) == 3
+    # The model is untouched, its (deterministic) temperature included.
+    assert model.temperature == 0.9
+    for w, value in zip(model.weights, before):
+        np.testing.assert_array_equal(to_numpy(w), value)
+    with pytest.raises(ValueError, match="Expected at least one temperature"):
+        search_mc_dropout_temperature(model, STREAM, temperatures=())
+    with pytest.raises(ValueError, match="Expected `temperatures`"):
+        search_mc_dropout_temperature(model, STREAM, temperatures=(1.0, -0.5))

@@ -64,19 +64,28 @@ def test_ptb_word_end_to_end_with_resume(tiny_ptb, tmp_path, capsys):
         + ["--epochs", "1", "--results-json", str(out), "--save-model", str(saved)]
     )
     results = json.loads(out.read_text())
-    for key in ("valid_perplexity", "test_perplexity", "valid_dynamic_perplexity", "test_dynamic_perplexity"):
+    for key in ("valid_perplexity", "test_perplexity", "test_perplexity_one_stream",
+                "test_dynamic_perplexity"):
         assert 1.0 < results[key] < 1000.0
     assert results["corpus_source"] == "directory"
     assert len(results["valid_perplexity_curve"]) == 1
+    assert set(results["seconds"]) >= {"training", "dynamic evaluation", "sample"}
     printed = capsys.readouterr().out
     assert "epoch 1/1: training perplexity" in printed
     assert "dynamic evaluation of test" in printed
-    assert re.search(r"\ndynamic +[0-9.]+ +[0-9.]+\n", printed)  # the summary table
-    # The job ends with the saved model (vocabulary included) and a sample.
-    sample = printed.strip().splitlines()[-1]
-    first_test_words = (tiny_ptb / "ptb.test.txt").read_text().split()[:3]
-    assert sample.startswith("sample: " + " ".join(first_test_words) + " ")
+    assert re.search(r"\ndynamic, τ [0-9.]+, 1 stream +— +[0-9.]+\n", printed)  # the table
+    # The job ends with the saved model (vocabulary included) and a sample:
+    # a prompt from the test text, and its continuation on a line of its own.
+    tail = printed.strip().splitlines()[-3:]
+    assert tail[0].startswith("sample (top-p 0.9, seed 0)")
+    prompt = tail[1].removeprefix("  prompt:       ")
+    continuation = tail[2].removeprefix("  continuation: ")
     loaded = keras.saving.load_model(str(saved))
+    vocabulary = loaded.vocabulary
+    test_words = (tiny_ptb / "ptb.test.txt").read_text().split()
+    assert prompt in " ".join(w if w in vocabulary else "<unk>" for w in test_words)
+    assert len(prompt.split()) == 8 and len(continuation.split()) == 20
+    assert results["sample"] == {"prompt": prompt, "continuation": continuation}
     assert loaded.vocabulary is not None and len(loaded.vocabulary) == loaded.vocabulary_size
     assert loaded.generate("the", max_length=5).startswith("the ")
     # Resume: one more epoch from the checkpoint.
@@ -95,11 +104,41 @@ def test_ptb_char_reports_bits_per_character(tiny_ptb, tmp_path, capsys):
         level="char",
     )
     printed = capsys.readouterr().out
-    assert re.search(r"bits/char +valid +test\nstatic +[0-9]\.[0-9]{3} +[0-9]\.[0-9]{3}", printed)
-    # A character-level sample: the test split's first 20 characters, continued.
-    first_line = " ".join((tiny_ptb / "ptb.test.txt").read_text().splitlines()[0].split())
-    assert printed.strip().splitlines()[-1].startswith("sample: " + first_line[:20])
+    assert re.search(r"bits/char +valid +test\nstatic, τ [0-9.]+, 4 streams +[0-9]\.[0-9]{3} +[0-9]\.[0-9]{3}", printed)
+    # A character-level sample: 40 characters of a test line, continued.
+    sample = json.loads(out.read_text())["sample"]
+    assert len(sample["prompt"]) == 40 and len(sample["continuation"]) >= 90
+    assert sample["prompt"] in " ".join((tiny_ptb / "ptb.test.txt").read_text().split())
     assert json.loads(out.read_text())["test_perplexity"] < 100
+
+
+def test_your_own_text_at_byte_level(tmp_path, capsys):
+    """`--text FILE --level byte`: any file, a byte-level model, a sample in its script."""
+    keras.utils.set_random_seed(0)
+    text = "".join(
+        f"Ligne {i} : Zürich, Genève, Ελληνικά, Русский, 日本語 🙂\n" for i in range(60)
+    )
+    path = tmp_path / "mine.txt"
+    path.write_text(text, encoding="utf-8")
+    out = tmp_path / "byte.json"
+    saved = tmp_path / "byte.keras"
+    example = _load_example("ptb_word")
+    example.main([
+        "--text", str(path), "--level", "byte", "--units", "16", "--cell", "lstm",
+        "--layers", "1", "--batch-size", "4", "--bptt", "20", "--epochs", "1",
+        "--dynamic-tuning-tokens", "100", "--dynamic-learning-rates", "1e-4",
+        "--verbose", "0", "--results-json", str(out), "--save-model", str(saved),
+    ])
+    results = json.loads(out.read_text())
+    assert results["level"] == "byte" and results["corpus_source"] == "file"
+    assert results["dynamic"]["segment_length"] == 20
+    printed = capsys.readouterr().out
+    assert re.search(r"bits/byte +valid +test", printed)
+    sample = results["sample"]
+    assert sample["prompt"] in text and "\ufffd" not in sample["prompt"]
+    loaded = keras.saving.load_model(str(saved))
+    assert loaded.vocabulary.level == "byte"
+    assert loaded.generate("Zürich", max_length=12, seed=0).startswith("Zürich")
 
 
 def test_flags_become_preset_overrides():

@@ -31,7 +31,14 @@ def test_searches_each_cell_at_equal_parameters_and_resumes(tmp_path):
         assert row["learning_rate"] in study.LEARNING_RATES and row["l2"] in study.L2
         assert len(row["trials"]) == 2
         assert math.isfinite(row["test_cross_entropy"])
-        assert row["uniform_cross_entropy"] == pytest.approx(math.log(5))
+        assert row["uniform_cross_entropy"] == pytest.approx(math.log(6))
+        # The row reports the best trial (by validation cross-entropy), and
+        # the hidden size that gives its embedding the budget.
+        best = min(row["trials"], key=lambda t: t["val_cross_entropy"])
+        assert {k: row[k] for k in ("embedding_size", "learning_rate", "l2")} == {
+            k: best[k] for k in ("embedding_size", "learning_rate", "l2")}
+        assert row["units"] == study.ReverseCopyHyperModel(
+            row["cell"], 5, 3000, 2, None).units(row["embedding_size"])
     assert figure.stat().st_size > 0
     # Resuming: the points already in the file are not searched again.
     again = study.main(args + ["--resume", "--cells", "lstm"])

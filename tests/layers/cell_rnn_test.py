@@ -235,12 +235,37 @@ def test_fit_gives_the_same_weights(cls):
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=1e-5)
 
 
-def test_other_cells_run_as_in_keras():
-    cell = keras.layers.LSTMCell(N)
-    fast = km.CellRNN(cell, return_sequences=True)
-    reference = keras.layers.RNN(cell, return_sequences=True)
+@pytest.mark.parametrize("make_cell", [
+    lambda: keras.layers.LSTMCell(N, dropout=0.2, recurrent_dropout=0.3, seed=5),
+    lambda: keras.layers.GRUCell(N, dropout=0.2, seed=5),
+], ids=["lstm", "gru"])
+def test_other_cells_run_as_in_keras(make_cell):
+    """A cell that is not the package's: the same outputs, states and
+    gradients as keras.layers.RNN, with a mask, going backwards, from a given
+    state, with dropout. Two cells of equal weights (a shared cell would hide
+    a layer that changes it)."""
+    kwargs = dict(return_sequences=True, return_state=True, go_backwards=True)
+    fast, reference = km.CellRNN(make_cell(), **kwargs), keras.layers.RNN(make_cell(), **kwargs)
     xs = _xs()
-    _assert_same(fast(xs), reference(xs))
+    mask = np.ones((B, T), bool)
+    mask[1, 4:] = False
+    mask[3, 2:] = False
+    state = [np.random.default_rng(4).normal(size=(B, N)).astype("float32")
+             for _ in reference.cell.state_size] if isinstance(
+                 reference.cell.state_size, (list, tuple)) else [
+                 np.random.default_rng(4).normal(size=(B, N)).astype("float32")]
+    reference(xs, mask=mask, initial_state=state)
+    fast(xs, mask=mask, initial_state=state)
+    fast.set_weights(reference.get_weights())
+    for training in (False, True):
+        _assert_same(fast(xs, mask=mask, initial_state=state, training=training),
+                     reference(xs, mask=mask, initial_state=state, training=training))
+    loss_fast = _loss_and_gradients(fast, xs, mask=mask, initial_state=state)
+    loss_reference = _loss_and_gradients(reference, xs, mask=mask, initial_state=state)
+    _assert_same(loss_fast, loss_reference, atol=1e-5)
+    # The masked steps do matter (the test would see a layer ignoring them).
+    unmasked = to_numpy(reference(xs, initial_state=state)[0])
+    assert not np.allclose(unmasked, to_numpy(reference(xs, mask=mask, initial_state=state)[0]))
 
 
 def test_config_and_saving_round_trip(tmp_path):

@@ -189,3 +189,34 @@ def test_bad_inputs():
     layer([x, h])
     with pytest.raises(ValueError, match=r"expected shape=\(None, 6\), found shape=\(4, 3\)"):
         layer([x[:, :3], h])
+
+
+@pytest.mark.parametrize("rounds, rank", [(1, None), (4, None), (5, 3)])
+def test_folded_doubling_gives_the_same_numbers(rounds, rank):
+    """`fold_doubling`: the doublings moved into the matrices, exactly.
+
+    The outputs of `mogrify(folded, ..., doubled=False)` times the returned
+    powers of two are bitwise those of `mogrify` (scaling by 2 is exact),
+    and the NumPy reference agrees; leaving the doublings out without the
+    folded matrices does not.
+    """
+    layer = km.Mogrifier(rounds, rank=rank)
+    x, h = _inputs()
+    layer([x, h])
+    _randomize(layer)
+    weights = layer.round_weights()
+    x, h = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(h)
+    x_ref, h_ref = km.Mogrifier.mogrify(weights, x, h)
+    folded, x_scale, h_scale = km.Mogrifier.fold_doubling(weights)
+    assert (x_scale, h_scale) == (2.0 ** ((rounds + 1) // 2), 2.0 ** (rounds // 2))
+    x_out, h_out = km.Mogrifier.mogrify(folded, x, h, doubled=False)
+    np.testing.assert_array_equal(to_numpy(x_out) * x_scale, to_numpy(x_ref))
+    np.testing.assert_array_equal(to_numpy(h_out) * h_scale, to_numpy(h_ref))
+    x_np, h_np = reference.mogrify(
+        to_numpy(x), to_numpy(h), _reference_rounds(layer.get_weights(), rounds, rank, True)
+    )
+    np.testing.assert_allclose(to_numpy(x_out) * x_scale, x_np, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(h_out) * h_scale, h_np, rtol=1e-5, atol=1e-5)
+    if rounds > 1:
+        x_unfolded, _ = km.Mogrifier.mogrify(weights, x, h, doubled=False)
+        assert not np.allclose(to_numpy(x_unfolded) * x_scale, to_numpy(x_ref))

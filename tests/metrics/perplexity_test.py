@@ -62,7 +62,8 @@ def test_per_sequence_weights_and_reset():
     expected = (nll * weights[:, None]).sum() / (weights.sum() * 4)
     assert float(metric.result()) == pytest.approx(np.exp(expected), rel=1e-5)
     metric.reset_state()
-    assert np.isnan(float(metric.result()))  # no tokens: no score, not a perfect one
+    with pytest.warns(RuntimeWarning, match="`perplexity` over zero tokens"):
+        assert np.isnan(float(metric.result()))  # no tokens: no score, not a perfect one
     metric.update_state(ids[:1], logits[:1])
     assert float(metric.result()) == pytest.approx(np.exp(nll[0].mean()), rel=1e-5)
 
@@ -76,6 +77,26 @@ def test_extreme_logits_are_finite_and_zero_weight_tokens_are_ignored():
     metric.update_state(ids, logits)
     assert np.isfinite(float(metric.result()))
     assert float(metric.result()) == pytest.approx(2e4 / 3 / np.log(2), rel=1e-5)
+
+
+@pytest.mark.parametrize("metric_class", [Perplexity, BitsPerCharacter])
+def test_zero_tokens_say_so_and_negative_weights_are_refused(metric_class):
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(2, 3, 5)).astype("float32")
+    ids = rng.integers(0, 5, size=(2, 3))
+    metric = metric_class()
+    metric.update_state(ids, logits, sample_weight=np.zeros((2, 3), "float32"))
+    with pytest.warns(RuntimeWarning, match="over zero tokens: nothing was seen .* every token "
+                      "had weight 0"):
+        assert np.isnan(float(metric.result()))
+    metric.update_state(ids, logits, sample_weight=np.ones(2, "float32"))
+    before = [float(v) for v in (metric.total_nats, metric.total_tokens)]
+    for weights in (np.array([1.0, -1.0], "float32"), np.array([[1.0, np.nan, 1.0]] * 2)):
+        with pytest.raises(ValueError, match="Expected `sample_weight` to be finite and "
+                           "non-negative"):
+            metric.update_state(ids, logits, sample_weight=weights)
+    # Nothing was accumulated by the refused updates.
+    assert [float(v) for v in (metric.total_nats, metric.total_tokens)] == before
 
 
 def test_bad_ids_raise():

@@ -207,6 +207,28 @@ def test_with_options_copies_weights():
     np.testing.assert_allclose(to_numpy(sparse(ids)), to_numpy(model(ids)), atol=1e-6)
 
 
+def test_with_options_temperature_computes_with_the_new_temperature():
+    model = LanguageModel(V, units=N, batch_size=B, temperature=0.9)
+    ids = _ids()
+    model(ids)  # built: the copies take its weights
+    model.reset_states()
+    plain = model.with_options(temperature=1.0)
+    hot = model.with_options(temperature=0.5)
+    same = model.with_options(batch_size=1)
+    assert (hot.temperature, same.temperature) == (0.5, 0.9)
+    np.testing.assert_allclose(to_numpy(hot.temperature_variable), 0.5)
+    np.testing.assert_allclose(to_numpy(same.temperature_variable), 0.9)
+    logits = to_numpy(plain(ids))
+    np.testing.assert_allclose(to_numpy(hot(ids)), 0.5 * logits, rtol=1e-5, atol=1e-6)
+    model.reset_states()
+    np.testing.assert_allclose(to_numpy(model(ids)), 0.9 * logits, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(to_numpy(same(ids[:1])), 0.9 * logits[:1], rtol=1e-5, atol=1e-6)
+    # The source model keeps its own.
+    assert model.temperature == 0.9
+    with pytest.raises(ValueError, match="Expected `temperature`"):
+        model.with_options(temperature=-1.0)
+
+
 @pytest.mark.parametrize(
     "kwargs, name",
     [

@@ -97,6 +97,59 @@ def test_layer_matches_numpy_and_mixes_to_a_distribution():
     assert (revived.components, revived.context_units) == (3, 4)
 
 
+def test_layer_drops_out_the_contexts_in_training_only():
+    """Yang et al.'s `dropoutl` (zihangdai/mos model.py 96-97): the contexts
+    c_k are dropped out (kept ones scaled by 1/(1 − rate)); π is not."""
+    layer = MixtureOfSoftmaxes(2, 4, dropout=0.5, seed=3)
+    h = np.random.default_rng(0).normal(size=(3, 5, 6)).astype("float32")
+    contexts, log_w = (to_numpy(t) for t in layer(h))
+    dropped, dropped_log_w = (to_numpy(t) for t in layer(h, training=True))
+    kept = dropped != 0
+    assert 0.3 < kept.mean() < 0.7
+    np.testing.assert_allclose(dropped[kept], 2.0 * contexts[kept], rtol=1e-5)
+    np.testing.assert_allclose(dropped_log_w, log_w, atol=1e-6)
+    revived = MixtureOfSoftmaxes.from_config(layer.get_config())
+    assert (revived.dropout, revived.seed) == (0.5, 3)
+    with pytest.raises(ValueError, match=r"Expected `dropout` to be a float in \[0, 1\)"):
+        MixtureOfSoftmaxes(2, 4, dropout=1.0)
+
+
+def test_mixture_dropout_defaults_to_the_inter_layer_rate_as_the_reference():
+    # zihangdai/mos main.py 49, 87-88: dropoutl < 0 (the default) → dropouth.
+    model = LanguageModel(V, units=8, mixture_of_softmaxes=2, cell_output_dropout=0.3)
+    assert model.mixture_dropout is None
+    assert model.effective_mixture_dropout == model.mixture.dropout == 0.3
+    revived = LanguageModel.from_config(model.get_config())
+    assert revived.mixture_dropout is None and revived.mixture.dropout == 0.3
+    explicit = LanguageModel(V, units=8, mixture_of_softmaxes=2, mixture_dropout=0.1)
+    assert explicit.mixture.dropout == 0.1
+    assert explicit.with_options(mixture_dropout=0.2).mixture.dropout == 0.2
+    # A file saved before the option was trained without it, and loads so.
+    old = {k: v for k, v in model.get_config().items() if k != "mixture_dropout"}
+    assert LanguageModel.from_config(old).mixture.dropout == 0.0
+    with pytest.raises(ValueError, match="Expected `mixture_dropout` only with a mixture"):
+        LanguageModel(V, units=8, mixture_dropout=0.2)
+    with pytest.raises(ValueError, match="Expected `mixture_dropout` to be a float"):
+        LanguageModel(V, units=8, mixture_of_softmaxes=2, mixture_dropout=1.5)
+
+
+def test_training_drops_the_mixtures_contexts_and_inference_does_not():
+    x = ids((2, 6))
+    plain = make_model(mixture_dropout=0.0)
+    features, log_p = plain.features_and_logits(x, training=True)
+    np.testing.assert_allclose(to_numpy(log_p), reference_log_probs(
+        plain, to_numpy(features), 1.0), atol=2e-5)
+    dropped = make_model(mixture_dropout=0.5)  # the same weights, no other dropout
+    features, log_p = dropped.features_and_logits(x, training=True)
+    assert not np.allclose(to_numpy(log_p), reference_log_probs(
+        dropped, to_numpy(features), 1.0), atol=1e-3)
+    np.testing.assert_allclose(np.exp(to_numpy(log_p)).sum(-1), 1.0, atol=1e-5)
+    dropped.reset_states()
+    features, log_p = dropped.features_and_logits(x)
+    np.testing.assert_allclose(to_numpy(log_p), reference_log_probs(
+        dropped, to_numpy(features), 1.0), atol=2e-5)
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "2", None])
 def test_bad_k_is_refused_saying_expected_and_received(bad):
     with pytest.raises(ValueError, match="Expected `mixture_of_softmaxes`.*Received"):
@@ -219,10 +272,17 @@ def test_chunked_target_log_probabilities_equal_the_full_mixture():
 def test_chunked_training_equals_unchunked_training():
     # The same step (loss, every gradient, MoS weights included) with and
     # without the chunked softmax: the weights after one SGD step agree.
+    # With dropout (the mixture's included), so the two samples differ and
+    # the chunked path must draw the masks the unchunked one draws.
     x, y = ids((2, 6)), ids((2, 6), seed=2)
+    dropout = dict(input_dropout=0.2, output_dropout=0.3, mixture_dropout=0.4)
+    probe = make_model(embedding_dim=5, samples=2, scale=0.3, **dropout)
+    _, log_p = probe.features_and_logits(x, training=True)
+    assert not np.allclose(to_numpy(log_p)[:, 0], to_numpy(log_p)[:, 1])
     results = []
     for chunk in (None, 4):
-        model = make_model(embedding_dim=5, samples=2, softmax_chunk_size=chunk, scale=0.3)
+        model = make_model(embedding_dim=5, samples=2, softmax_chunk_size=chunk, scale=0.3,
+                           **dropout)
         model.compile(optimizer=keras.optimizers.SGD(0.5), loss=IWAEDropoutLoss(),
                       metrics=[Perplexity()])
         history = model.fit(x, y, batch_size=2, epochs=1, verbose=0)
@@ -231,8 +291,8 @@ def test_chunked_training_equals_unchunked_training():
     np.testing.assert_allclose(h0["loss"], h1["loss"], rtol=1e-5)
     np.testing.assert_allclose(h0["perplexity"], h1["perplexity"], rtol=1e-5)
     moved = False
-    for a, b, before in zip(w0, w1, make_model(embedding_dim=5, samples=2,
-                                              scale=0.3).trainable_weights):
+    for a, b, before in zip(w0, w1, make_model(embedding_dim=5, samples=2, scale=0.3,
+                                              **dropout).trainable_weights):
         np.testing.assert_allclose(a, b, atol=2e-5)
         moved = moved or not np.allclose(a, to_numpy(before))
     assert moved

@@ -63,3 +63,50 @@ def test_a_release_2_model_with_its_vocabulary_still_writes_the_same_text():
         expected = f.read()
     model.reset_states()
     assert model.generate("w3 w5 w7", max_length=8, sampler="greedy") == expected
+
+
+def _rewrite_config(source, target, **changes):
+    """A copy of the `.keras` file `source` with its model config changed."""
+    import json
+
+    with zipfile.ZipFile(source) as archive, zipfile.ZipFile(target, "w") as out:
+        for item in archive.infolist():
+            data = archive.read(item.filename)
+            if item.filename == "config.json":
+                config = json.loads(data)
+                config["config"].update(changes)
+                data = json.dumps(config).encode()
+            out.writestr(item, data)
+
+
+def test_a_config_that_does_not_match_the_saved_weights_is_refused(tmp_path):
+    """A file whose config says K = 0 for a model saved with K = 2 would load
+    8 of 11 weights without a word: the file records its weights, and a
+    load into another configuration is refused, naming them."""
+    from keras_mogrifier.models import LanguageModel
+
+    model = LanguageModel(20, units=6, num_layers=1, batch_size=2, mixture_of_softmaxes=2,
+                          mogrifier_rounds=0, cell="lstm")
+    model(X)
+    path = str(tmp_path / "mos.keras")
+    model.save(path)
+    # The file as saved loads and computes the same.
+    loaded = keras.saving.load_model(path)
+    model.reset_states()
+    loaded.reset_states()
+    np.testing.assert_allclose(to_numpy(loaded(X)), to_numpy(model(X)), atol=1e-6)
+    edited = str(tmp_path / "edited.keras")
+    _rewrite_config(path, edited, mixture_of_softmaxes=0)
+    with pytest.raises(ValueError, match="no place for.*mixture_of_softmaxes/projection_kernel"):
+        keras.saving.load_model(edited)
+    # Weights saved from another model: refused before any weight moves.
+    weights = str(tmp_path / "mos.weights.h5")
+    model.save_weights(weights)
+    other = LanguageModel(20, units=6, num_layers=1, batch_size=2, mogrifier_rounds=0,
+                          cell="lstm")
+    other(X)
+    before = [to_numpy(v).copy() for v in other.weights]
+    with pytest.raises(ValueError, match="Expected the saved weights to be those"):
+        other.load_weights(weights)
+    for v, b in zip(other.weights, before):
+        np.testing.assert_array_equal(to_numpy(v), b)

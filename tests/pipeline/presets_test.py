@@ -238,3 +238,36 @@ def test_paper_preset_clips_lambs_norm_over_t_and_drops_state():
     assert t["global_clipnorm"] == pytest.approx(0.142857, rel=1e-5)
     # lamb training.py 435-441, released configs: drop_state_probability 0.01.
     assert m["drop_state_probability"] == 0.01
+
+
+@pytest.mark.parametrize("preset", ["paper", "wikitext2"])
+def test_presets_adam_epsilon_is_lambs_over_t_and_steps_as_lamb(preset):
+    """lamb's Adam (lamb/utils.py 276-282; ε 1e-8, lamb_flags.py 147/150) on
+    its loss summed over T steps takes the same steps as the preset's
+    optimizer on our per-token mean loss: ε is added to sqrt(v̂), which is T
+    times larger on the summed loss, so ours must be 1e-8 / T.
+
+    The gradients are small (rare words), where ε decides the step: with
+    Keras's default ε 1e-7 the steps differ by orders of magnitude.
+    """
+    import keras
+
+    from keras_mogrifier.pipeline.language_modeling import build_optimizer
+
+    training = get_preset(preset, training={"two_tailed_averaging": False})["training"]
+    T = training["sequence_length"]
+    assert training["epsilon"] == pytest.approx(1e-8 / T)
+    ours = build_optimizer(training)
+    lamb = ours.__class__.from_config(
+        dict(ours.get_config(), epsilon=1e-8, global_clipnorm=None)
+    )
+    grads = np.array([3e-10, -1e-9, 2e-11, 5e-10], "float32")  # mean-loss gradient
+    ours_w = keras.Variable(np.zeros(4, "float32"))
+    lamb_w = keras.Variable(np.zeros(4, "float32"))
+    for _ in range(12):  # past RAdam's un-adapted first steps
+        ours.apply_gradients([(keras.ops.convert_to_tensor(grads), ours_w)])
+        lamb.apply_gradients([(keras.ops.convert_to_tensor(grads * T), lamb_w)])
+    ours_step = keras_value(ours_w).astype("float64")
+    lamb_step = keras_value(lamb_w).astype("float64")
+    assert np.all(np.abs(lamb_step) > 1e-6)
+    np.testing.assert_allclose(ours_step, lamb_step, rtol=1e-3)

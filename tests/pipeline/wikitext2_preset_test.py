@@ -2,6 +2,7 @@
 converted to the library's per-token units (SPEC §6)."""
 
 import numpy as np
+import pytest
 
 from keras_mogrifier.models import LanguageModel
 from keras_mogrifier.pipeline import units
@@ -51,3 +52,49 @@ def test_wikitext2_preset_is_the_largest_model_within_35m_parameters():
     model_args = get_preset("wikitext2")["model"]
     assert count(model_args, model_args["units"]) <= 35_000_000
     assert count(model_args, model_args["units"] + 1) > 35_000_000
+
+
+def test_wikitext2_preset_builds_lambs_model_and_optimizer():
+    """What the pipeline builds from the preset, not only the dict: a change in
+    how the model or optimizer reads a setting (a dropped `beta_1`, a mixture
+    without its context dropout, plain stacking instead of skips) fails here."""
+    import keras
+
+    from keras_mogrifier.pipeline.language_modeling import build_language_model
+    from keras_mogrifier.pipeline.language_modeling import build_optimizer
+
+    preset = get_preset("wikitext2", model={"units": 12, "embedding_dim": 4,
+                                            "mogrifier_rank": 3})
+    model = build_language_model(50, preset["model"], batch_size=2)
+    t = LAMB["max_time_steps"]
+    # The mixture of 2 softmaxes, its contexts dropped at lamb's
+    # downprojected_output_dropout (-1, line 18: the output dropout).
+    assert model.mixture.components == LAMB["mos_num_components"]
+    assert model.mixture.dropout_layer.rate == LAMB["output_dropout"]
+    assert model.input_dropout_layer.rate == LAMB["input_dropout"]
+    assert model.output_dropout_layer.rate == LAMB["output_dropout"]
+    assert model.cell_output_dropout_layers[0].rate == LAMB["inter_layer_dropout"]
+    for rnn in model.recurrent_layers:
+        assert rnn.cell.recurrent_dropout == LAMB["state_dropout"]
+        assert rnn.cell.capped_input_gate
+        assert rnn.cell.mogrifier_rounds == LAMB["feature_mask_rounds"]
+    # lamb's skip connections: the output reads the sum of both layers.
+    assert (model.residual, model.skip_connections) == (False, True)
+    x = np.zeros((2, 3), "int32")
+    features, _ = model.features_and_logits(x)
+    model.reset_states()
+    outputs = []
+    h = model.embedding(x)
+    for rnn in model.recurrent_layers:
+        h, _, _ = rnn(h)
+        outputs.append(keras.ops.convert_to_numpy(h))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(features), sum(outputs), atol=1e-5)
+    # Every trainable variable carries lamb's penalty, in our units.
+    assert len(model.losses) == len(model.trainable_weights)
+    optimizer = build_optimizer(dict(preset["training"], two_tailed_averaging=False))
+    assert isinstance(optimizer, keras.optimizers.Adam)
+    assert optimizer.beta_1 == 0.0 and optimizer.beta_2 == 0.999  # lamb lines 61-62
+    assert optimizer.epsilon == pytest.approx(1e-8 / t)  # line 63, ÷ T
+    assert optimizer.global_clipnorm == pytest.approx(LAMB["max_grad_norm"] / t)
+    np.testing.assert_allclose(float(keras.ops.convert_to_numpy(optimizer.learning_rate)),
+                               LAMB["learning_rate"], rtol=1e-6)

@@ -94,3 +94,56 @@ def test_get_by_name_and_errors():
         TopPSampler(p=1.5)
     with pytest.raises(ValueError, match="Expected `temperature` to be a finite positive number"):
         RandomSampler(temperature=0.0)
+
+
+@pytest.mark.parametrize(
+    "logits, uniform, message",
+    [
+        (np.array([[0.0, np.nan, 1.0]], "float32"), np.zeros(1, "float32"),
+         r"Expected finite logits .*NaN or \+inf in row 0"),
+        (np.array([[0.0, np.inf, 1.0]], "float32"), np.zeros(1, "float32"), r"\+inf"),
+        (np.array([[-np.inf, -np.inf]], "float32"), np.zeros(1, "float32"),
+         r"at least one finite logit per row"),
+        (np.zeros(3, "float32"), np.zeros(1, "float32"),
+         r"Expected `logits` of shape \(batch, vocabulary\). Received: logits.shape=\(3,\)"),
+        (np.zeros((1, 2, 3), "float32"), np.zeros(1, "float32"), r"logits.shape=\(1, 2, 3\)"),
+        (np.zeros((2, 3), "float32"), np.zeros(3, "float32"),
+         r"Expected `uniform` of shape \(2,\)"),
+        (np.zeros((2, 3), "float32"), np.zeros((2, 1), "float32"), r"uniform.shape=\(2, 1\)"),
+        (np.zeros((2, 3), "float32"), np.array([0.5, 1.0], "float32"),
+         r"Expected `uniform` to hold floats in \[0, 1\)"),
+        (np.zeros((2, 3), "float32"), np.array([-0.1, 0.5], "float32"), r"min -0.1"),
+        (np.zeros((2, 3), "float32"), np.array([0, 0]), r"dtype int"),
+    ],
+)
+@pytest.mark.parametrize("name", ["greedy", "random", "top_k", "top_p"])
+def test_direct_calls_refuse_bad_logits_and_uniforms(name, logits, uniform, message):
+    with pytest.raises(ValueError, match=message):
+        samplers.get(name)(logits, uniform)
+
+
+def test_minus_infinity_is_a_token_that_cannot_come_out():
+    logits = np.log(np.array([[0.0, 0.5, 0.5]], "float32"))  # -inf for token 0
+    tokens = {int(to_numpy(RandomSampler()(logits, np.array([u], "float32")))[0])
+              for u in (0.0, 0.3, 0.7, 0.99)}
+    assert tokens == {1, 2}
+
+
+def test_a_subclass_without_get_next_token_says_what_to_override():
+    class Mine(samplers.Sampler):
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"`Mine` must override "
+                       r"`get_next_token\(self, probabilities, uniform\)`"):
+        Mine()(np.zeros((1, 3), "float32"), np.zeros(1, "float32"))
+
+
+def test_temperature_floor_and_the_greedy_limit_at_it():
+    with pytest.raises(ValueError, match=r"Expected `temperature` ≥ 1e-30"):
+        RandomSampler(temperature=1e-31)
+    rng = np.random.default_rng(1)
+    logits = (rng.normal(size=(32, 40)) * 50).astype("float32")
+    uniform = rng.random(32, dtype=np.float32)
+    for sampler in (RandomSampler, TopKSampler, TopPSampler):
+        np.testing.assert_array_equal(
+            to_numpy(sampler(temperature=1e-30)(logits, uniform)), logits.argmax(-1))

@@ -141,20 +141,25 @@ def test_resume_reruns_nothing_and_reuses_statistics(
 
 
 @pytest.mark.parametrize(
-    "learning_rates, reason",
+    "learning_rates, max_loss, reason",
     [
-        ((1e36, 1e37), "diverged at token"),  # overflows: stopped at the first NaN segment
-        ((1.0, 10.0), "above max_loss"),  # finite, but far worse than a uniform guess
+        # Overflows: stopped at the first non-finite (or > 709.78 nats) token.
+        ((1e36, 1e37), "auto", "diverged at token"),
+        # Finite, but above the bound the tuner was given. (η 1 and 10 once
+        # served here; their token losses now pass 709.78 nats, which the
+        # evaluator itself refuses as diverged.)
+        ((1e-4, 1e-3), 0.5, "above max_loss"),
     ],
 )
 def test_diverging_pass_is_a_failed_trial_and_the_search_ends_with_a_summary(
-    trained, corpus, tuning_stream, tmp_path, learning_rates, reason
+    trained, corpus, tuning_stream, tmp_path, learning_rates, max_loss, reason
 ):
     tuner = make_tuner(
         trained, corpus, str(tmp_path), max_trials=2,
-        ranges={"learning_rate": learning_rates},
+        ranges={"learning_rate": learning_rates}, max_loss=max_loss,
     )
-    assert tuner.max_loss == pytest.approx(2 * np.log(len(corpus.vocabulary)))
+    expected = 2 * np.log(len(corpus.vocabulary)) if max_loss == "auto" else max_loss
+    assert tuner.max_loss == pytest.approx(expected)
     with pytest.raises(SearchFailedError) as raised:
         tuner.search(tuning_stream, verbose=0)
     rows = trial_rows(tuner)

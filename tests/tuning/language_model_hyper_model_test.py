@@ -311,6 +311,8 @@ def test_lambs_l2_and_clip_are_converted_to_the_hypermodels_window():
     config = hypermodel.configuration({"l2": 7e-4})
     assert config["model"]["l2"] == pytest.approx(7e-4 / 70)
     assert config["training"]["global_clipnorm"] == pytest.approx(10 / 35)
+    # Adam's ε 1e-8 (lamb_flags.py 150) on the summed loss is 1e-8 / T here.
+    assert config["training"]["epsilon"] == pytest.approx(1e-8 / 35)
     # A fixed value is taken in the library's units, as given.
     fixed = LanguageModelHyperModel(100, batch_size=4, sequence_length=35, fixed={"l2": 1e-6})
     assert fixed.configuration({})["model"]["l2"] == 1e-6

@@ -1,0 +1,186 @@
+"""PyTorch's thread settings, quiet and under load (issue 29).
+
+PyTorch's CPU build runs its operations and MKL's matrix products on an
+OpenMP pool of `torch.get_num_threads()` threads (the physical cores by
+default) and keeps a second pool of `torch.get_num_interop_threads()` for
+TorchScript's `fork`, which eager Keras code never uses. This script times
+the same work with PyTorch's thread count and with one thread
+(`torch.set_num_threads`), alternating the two inside one process, round
+after round, so that both see the same load; with `--passive` a second
+process does the same with `OMP_WAIT_POLICY=PASSIVE` (idle OpenMP threads
+sleep at once instead of spinning first; OpenMP reads it at start).
+
+The work: a `LanguageModel` (RLSTM by default, 2 × 256, V = 10k, batch 32,
+window 35, dropout 0.3, `IWAEDropoutLoss`, Adam) — a `fit` step; static and
+dynamic evaluation (batch 1, segments of 5) per token; greedy generation per
+token. `--load N` starts N busy processes (a pure Python spin each) beside
+the workers. Each measurement keeps its wall time and its process CPU time
+(all threads: a thread that spins while it waits counts).
+
+    python benchmarks/torch_threads.py --json benchmarks/results/torch_threads.json
+    python benchmarks/torch_threads.py --load 1 --json benchmarks/results/torch_threads_load1.json
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+KEYS = ("train_ms", "static_ms_per_token", "dynamic_ms_per_token", "generate_ms_per_token")
+
+
+def _timed(fn, count):
+    start, start_cpu = time.perf_counter(), time.process_time()
+    fn()
+    return (1000 * (time.perf_counter() - start) / count,
+            1000 * (time.process_time() - start_cpu) / count)
+
+
+def worker(args):
+    import keras
+    import numpy as np
+    import torch
+
+    from keras_mogrifier import IWAEDropoutLoss
+    from keras_mogrifier import LanguageModel
+    from keras_mogrifier.data import StreamDataset
+    from keras_mogrifier.evaluation import DynamicEvaluator
+
+    assert keras.backend.backend() == "torch"
+    default_threads = torch.get_num_threads()
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    ids = (rng.zipf(1.2, size=200_000) % args.vocabulary).astype("int32")
+    model = LanguageModel(
+        args.vocabulary, units=args.units, num_layers=2, batch_size=args.batch,
+        input_dropout=0.3, state_dropout=0.3, output_dropout=0.3, cell=args.cell,
+    )
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=IWAEDropoutLoss())
+    data = StreamDataset(ids, args.batch, args.window)
+    evaluator = DynamicEvaluator(model.with_options(batch_size=4, samples=1), segment_length=5)
+    evaluator.collect_gradient_statistics(ids, batch_size=4, steps=2)
+    stream = ids[-(args.eval_tokens + 1):]
+    tokens = len(stream) - 1
+    generator = model.with_options(batch_size=1, samples=1)
+    prompt = ids[:10]
+    new = args.generate_tokens
+    work = {
+        "train_ms": (lambda: model.fit(data, epochs=1, steps_per_epoch=args.train_steps,
+                                       verbose=0), args.train_steps),
+        "static_ms_per_token": (
+            lambda: evaluator.evaluate(stream, adapt=False, verbose=0), tokens),
+        "dynamic_ms_per_token": (lambda: evaluator.evaluate(stream, verbose=0), tokens),
+        "generate_ms_per_token": (
+            lambda: generator.generate(prompt, len(prompt) + new, stop_token_ids=None), new),
+    }
+    for fn, _ in work.values():  # warm-up
+        fn()
+    rows = []
+    for r in range(args.rounds):
+        for threads in (default_threads, 1) if r % 2 == 0 else (1, default_threads):
+            torch.set_num_threads(threads)
+            row = {"round": r, "threads": threads,
+                   "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                   "interop_threads": torch.get_num_interop_threads()}
+            for key, (fn, count) in work.items():
+                row[key], row[key.replace("_ms", "_cpu_ms")] = _timed(fn, count)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(row)
+    return {"default_threads": default_threads, "torch": torch.__version__, "rows": rows}
+
+
+def run_worker(argv, env_extra, load):
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
+        path = out.name
+    env = dict(os.environ, KERAS_BACKEND="torch", **env_extra)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+    before = os.getloadavg()
+    try:
+        subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--worker-output", path] + argv,
+            env=env, check=True,
+        )
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    with open(path) as f:
+        result = json.load(f)
+    os.remove(path)
+    result["load_average_before"] = list(before)
+    result["load_average_after"] = list(os.getloadavg())
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passive", action="store_true",
+                        help="also a process with OMP_WAIT_POLICY=PASSIVE")
+    parser.add_argument("--load", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--cell", default="rlstm")
+    parser.add_argument("--vocabulary", type=int, default=10_000)
+    parser.add_argument("--units", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--window", type=int, default=35)
+    parser.add_argument("--train-steps", type=int, default=3)
+    parser.add_argument("--eval-tokens", type=int, default=100)
+    parser.add_argument("--generate-tokens", type=int, default=10)
+    parser.add_argument("--json")
+    parser.add_argument("--worker-output", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker_output:
+        result = worker(args)
+        with open(args.worker_output, "w") as f:
+            json.dump(result, f)
+        return
+    argv = []
+    skip = False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a == "--json":
+            skip = True
+        elif a != "--passive" and not a.startswith("--json="):
+            argv.append(a)
+    settings = {"default": {}}
+    if args.passive:
+        settings["OMP_WAIT_POLICY=PASSIVE"] = {"OMP_WAIT_POLICY": "PASSIVE"}
+    started = list(os.getloadavg())
+    results = {name: run_worker(argv, env, args.load) for name, env in settings.items()}
+    print(f"PyTorch threads, {args.cell} 2 × {args.units}, {args.load} busy process(es) "
+          f"beside; median of {args.rounds} alternating rounds; load average at start "
+          f"{started[0]:.1f}")
+    print("| OpenMP | threads | train step (ms) | static (ms/token) | dynamic (ms/token) "
+          "| generate (ms/token) | train CPU / wall |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    summary = {}
+    for name, result in results.items():
+        for threads in sorted({row["threads"] for row in result["rows"]}, reverse=True):
+            mine = [row for row in result["rows"] if row["threads"] == threads]
+            s = {k: statistics.median(row[k] for row in mine)
+                 for k in KEYS + tuple(k.replace("_ms", "_cpu_ms") for k in KEYS)}
+            summary[f"{name}, {threads} thread(s)"] = s
+            print(f"| {name} | {threads} | {s['train_ms']:.0f} | "
+                  f"{s['static_ms_per_token']:.2f} | {s['dynamic_ms_per_token']:.2f} | "
+                  f"{s['generate_ms_per_token']:.2f} | "
+                  f"{s['train_cpu_ms'] / s['train_ms']:.2f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({
+                "command": "python benchmarks/torch_threads.py " + " ".join(sys.argv[1:]),
+                "machine": {"cpus": os.cpu_count(),
+                            "cpus_usable": len(os.sched_getaffinity(0)),
+                            "platform": platform.platform()},
+                "load_average_start": started, "load_average_end": list(os.getloadavg()),
+                "results": results, "summary": summary,
+            }, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
