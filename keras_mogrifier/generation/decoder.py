@@ -235,10 +235,13 @@ class Decoder:
         # A step that raises (a custom sampler, an interrupt) leaves the
         # carried state as it was: on PyTorch the model has assigned it by
         # then.
+        # Every entry point checked its ids on the host before: the model
+        # call does not scan them again (PyTorch runs it eagerly).
         states = self.model.recurrent_state_variables
         saved = [ops.copy(v.value) for v in states]
         try:
-            return step(*args)
+            with _validation.ids_checked():
+                return step(*args)
         except BaseException:
             for variable, value in zip(states, saved):
                 variable.assign(value)
