@@ -382,12 +382,24 @@ def _objective_curve(tuner, trial_id):
     return [float(o.value[0]) for o in sorted(history, key=lambda o: o.step)]
 
 
+# Each trial's validation perplexity per epoch, by the `_EpochLine` name:
+# KerasTuner runs a deep copy of the callbacks it is given, so the curve
+# cannot live in the instance the runner holds.
+_CURVES = {}
+
+
 class _EpochLine(keras.callbacks.Callback):
     def __init__(self, what):
         super().__init__()
         self.what = what
         self.start = None
-        self.curve = []
+
+    @property
+    def curve(self):
+        return list(_CURVES.get(self.what, []))
+
+    def on_train_begin(self, logs=None):
+        _CURVES[self.what] = []
 
     def on_epoch_begin(self, epoch, logs=None):
         self.start = time.time()
@@ -395,7 +407,7 @@ class _EpochLine(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         if "val_perplexity" in logs:
-            self.curve.append(float(logs["val_perplexity"]))
+            _CURVES.setdefault(self.what, []).append(float(logs["val_perplexity"]))
         log(f"{self.what} epoch {epoch + 1}: train perplexity "
             f"{float(logs.get('perplexity', math.nan)):.2f}, valid perplexity "
             f"{float(logs.get('val_perplexity', math.nan)):.2f} "
