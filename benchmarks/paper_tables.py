@@ -654,7 +654,12 @@ def check_row(args, corpus):
     summarise(row)
     row["commit"] = commit()
     row["complete"] = epochs == settings["epochs"]
-    first = (recorded.get("valid_perplexity_by_epoch") or [None])[0]
+    # The row's curve once it is complete, else its first seed's so far.
+    curve = recorded.get("valid_perplexity_by_epoch") or next(
+        (s.get("valid_perplexity_by_epoch") for s in recorded.get("seeds", [])
+         if s.get("seed") == row["seed"]), None
+    )
+    first = (curve or [None])[0]
     row["recorded_first_epoch_valid_perplexity"] = first
     os.makedirs(args.output, exist_ok=True)
     path = os.path.join(args.output, f"{args.row}.json")
