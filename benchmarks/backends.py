@@ -119,6 +119,19 @@ def _tokens(args, vocabulary_size):
     return ranks[:300_000].astype("int32"), ranks[300_000:].astype("int32")
 
 
+def statistics_evaluator(model, train_ids, args):
+    """A `DynamicEvaluator` on a copy of `model` with its gradient statistics
+    (batches of `args.statistics_batch` streams: the state has that many rows)."""
+    from keras_mogrifier.evaluation import DynamicEvaluator
+
+    evaluator_model = model.with_options(batch_size=args.statistics_batch, samples=1)
+    evaluator = DynamicEvaluator(evaluator_model, segment_length=args.segment_length)
+    evaluator.collect_gradient_statistics(
+        train_ids, batch_size=args.statistics_batch, steps=args.statistics_steps
+    )
+    return evaluator
+
+
 def _build(args, name, dropout):
     import keras
 
@@ -149,7 +162,6 @@ def _measure_cell(args, name, train_ids, test_ids):
     import numpy as np
 
     from keras_mogrifier.data import StreamDataset
-    from keras_mogrifier.evaluation import DynamicEvaluator
 
     row = {"cell": name}
     model = _build(args, name, args.dropout)
@@ -180,11 +192,7 @@ def _measure_cell(args, name, train_ids, test_ids):
     # Test-time: one stream, batch 1, segments of 5 (statistics on batches of
     # `--statistics-batch` streams: the state has that many rows).
     stream = test_ids[: args.eval_tokens + 1]
-    evaluator_model = model.with_options(batch_size=args.statistics_batch, samples=1)
-    evaluator = DynamicEvaluator(evaluator_model, segment_length=args.segment_length)
-    evaluator.collect_gradient_statistics(
-        train_ids, batch_size=args.statistics_batch, steps=args.statistics_steps
-    )
+    evaluator = statistics_evaluator(model, train_ids, args)
     warm = test_ids[: 4 * args.segment_length + 1]
     evaluator.evaluate(warm, adapt=False, verbose=0)
     evaluator.evaluate(warm, verbose=0)

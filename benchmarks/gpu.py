@@ -165,7 +165,6 @@ def _measure_cell(args, name, train_ids, test_ids, path, backend, deadline):
 
     import backends
     from keras_mogrifier.data import StreamDataset
-    from keras_mogrifier.evaluation import DynamicEvaluator
 
     started = time.perf_counter()
     row = {"cell": name}
@@ -190,11 +189,7 @@ def _measure_cell(args, name, train_ids, test_ids, path, backend, deadline):
         return row
 
     stream = test_ids[: args.eval_tokens + 1]
-    evaluator_model = model.with_options(batch_size=args.statistics_batch, samples=1)
-    evaluator = DynamicEvaluator(evaluator_model, segment_length=args.segment_length)
-    evaluator.collect_gradient_statistics(
-        train_ids, batch_size=args.statistics_batch, steps=args.statistics_steps
-    )
+    evaluator = backends.statistics_evaluator(model, train_ids, args)
     # The evaluator scores up to SEGMENTS_PER_CALL (64) segments per compiled
     # call, and each call length compiles once: the warm-up stream has one
     # full call and the timed stream's last, shorter one (1,500 tokens: 300
