@@ -207,7 +207,8 @@ def draw(rows, path, vocabulary_size):
             ax.annotate(f"e{r['embedding_size']}", (r["length"], r["test_cross_entropy"]),
                         textcoords="offset points", xytext=(-8, 8 + 9 * index), fontsize=7,
                         color=line.get_color())
-    uniform = math.log(vocabulary_size)
+    # The tokens and the end-of-sequence symbol (the rows' own figure).
+    uniform = rows[0].get("uniform_cross_entropy", math.log(vocabulary_size + 1))
     highest = max(r["test_cross_entropy"] for r in rows)
     if highest > uniform / 3:
         ax.axhline(uniform, color="grey", linestyle=":", label="uniform guess")
