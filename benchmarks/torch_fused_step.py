@@ -13,7 +13,8 @@ to other processes on a shared machine):
   dropout 0.3 (no state dropout: the fused step applies).
 
 Medians of `--repeats` alternations; the losses of both paths are stored
-(they must be equal).
+(they must be equal), and the ATen calls per token of one evaluation pass
+of 100 tokens on each path (`torch.profiler`).
 
     KERAS_BACKEND=torch python benchmarks/torch_fused_step.py --json out.json
 """
@@ -65,6 +66,13 @@ def main():
                 losses[name] = float(evaluator.evaluate(ids, adapt=False, verbose=0)["loss"])
                 times[name].append(1000 * (time.process_time() - start) / 300)
         row["static_cpu_ms_per_token"] = {k: statistics.median(v) for k, v in times.items()}
+        row["aten_calls_per_token"] = {}
+        for name, step in paths.items():
+            torch_backend.recurrent_step = step
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                evaluator.evaluate(ids[:101], adapt=False, verbose=0)
+            row["aten_calls_per_token"][name] = sum(
+                e.count for e in prof.key_averages() if e.key.startswith("aten::")) / 100
         row["static_loss"] = losses
         trained = LanguageModel(10000, units=256, num_layers=2, batch_size=32, cell=cell,
                                 input_dropout=0.3, output_dropout=0.3)
@@ -93,7 +101,8 @@ def main():
               f"({row['static_fused_over_keras_ops']:.2f}×); train step "
               f"{row['train_step_cpu_ms']['keras_ops']:.1f} -> "
               f"{row['train_step_cpu_ms']['fused']:.1f} ms "
-              f"({row['train_fused_over_keras_ops']:.2f}×); losses {losses}", flush=True)
+              f"({row['train_fused_over_keras_ops']:.2f}×); ATen calls per token "
+              f"{row['aten_calls_per_token']}; losses {losses}", flush=True)
     result["load_average_after"] = list(os.getloadavg())
     if args.json:
         with open(args.json, "w") as f:
