@@ -88,10 +88,13 @@ def test_ptb_word_end_to_end_with_resume(tiny_ptb, tmp_path, capsys):
     assert results["sample"] == {"prompt": prompt, "continuation": continuation}
     assert loaded.vocabulary is not None and len(loaded.vocabulary) == loaded.vocabulary_size
     assert loaded.generate("the", max_length=5).startswith("the ")
-    # Resume: one more epoch from the checkpoint.
+    first_curve = results["valid_perplexity_curve"]
+    # Resume: one more epoch from the checkpoint; the curve keeps epoch 1.
     example.main(_flags(tiny_ptb, tmp_path) + ["--epochs", "2", "--resume", "--no-dynamic", "--results-json", str(out)])
     results = json.loads(out.read_text())
-    assert len(results["valid_perplexity_curve"]) == 1
+    assert len(results["valid_perplexity_curve"]) == 2
+    assert results["valid_perplexity_curve"][:1] == first_curve
+    assert results["initial_epoch"] == 1
     assert "resumed from" in capsys.readouterr().out
 
 
