@@ -331,8 +331,14 @@ class LanguageModel(
         self.seed_generator = backbone.seed_generator
         self.embedding = backbone.embedding
         self.input_dropout_layer = backbone.input_dropout_layer
-        self.recurrent_layers = list(backbone.recurrent_layers)
-        self.cell_output_dropout_layers = list(backbone.cell_output_dropout_layers)
+        self.recurrent_layers = []
+        self.cell_output_dropout_layers = []
+        for rnn, dropout in zip(
+            backbone.recurrent_layers, backbone.cell_output_dropout_layers
+        ):
+            # Tracked in this order, as they always were (`model.layers`).
+            self.recurrent_layers.append(rnn)
+            self.cell_output_dropout_layers.append(dropout)
         self.dual_layer = head.dual_layer
         self.output_dropout_layer = head.output_dropout_layer
         self.projection = head.projection

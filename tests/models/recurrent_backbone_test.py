@@ -104,14 +104,25 @@ def _parts(seed=7, tie=True, **head):
 
 
 def test_a_model_from_parts_is_the_flat_model():
-    keras.utils.set_random_seed(1)
-    flat = LanguageModel(V, units=N, num_layers=2, embedding_dim=4, batch_size=B, seed=7, dual=True)
-    keras.utils.set_random_seed(1)
-    backbone, head = _parts(dual=True)
+    flat = LanguageModel(V, units=N, num_layers=2, embedding_dim=4, batch_size=B, seed=7,
+                         dual=True, input_dropout=0.2, output_dropout=0.3)
+    backbone = RecurrentBackbone(V, units=N, num_layers=2, embedding_dim=4, batch_size=B, seed=7,
+                                 input_dropout=0.2)
+    head = LanguageModelHead(V, N, embedding_dim=4, seed=7, dual=True, output_dropout=0.3)
     composed = LanguageModel(backbone=backbone, head=head)
     ids = _ids()
+    flat(ids)
+    composed(ids)
+    local = lambda model: [v.path.split("/", 1)[1] for v in model.weights]  # noqa: E731
+    assert local(composed) == local(flat)
+    composed.set_weights(flat.get_weights())
+    flat.reset_states()
+    composed.reset_states()
     np.testing.assert_array_equal(to_numpy(composed(ids)), to_numpy(flat(ids)))
-    assert [v.path for v in composed.weights] == [v.path for v in flat.weights]
+    # Same seeds: the same dropout masks in training.
+    np.testing.assert_array_equal(
+        to_numpy(composed(ids, training=True)), to_numpy(flat(ids, training=True))
+    )
     assert composed.backbone is backbone and composed.head is head
     assert composed.embedding is backbone.embedding and head.embedding is backbone.embedding
     assert flat.backbone.embedding is flat.embedding
