@@ -196,11 +196,29 @@ class LanguageModel(
             released Wikitext-2 configuration uses its output dropout here
             (the `wikitext2` preset sets it). Only with
             `mixture_of_softmaxes ≥ 1`. Defaults to `None`.
+        backbone: `RecurrentBackbone` or None. With `head`, the model is
+            made of these parts (see docs/architecture.md): the
+            architecture arguments above must then be left at their
+            defaults; `samples`, `softmax_chunk_size` and `vocabulary` are
+            the task's. `None`: the flat arguments build both parts.
+            Defaults to `None`.
+        head: `LanguageModelHead` or None. Its `units` must be the
+            backbone's, its `embedding_dim` the backbone's embedding width;
+            a tied head reads the backbone's embedding. Defaults to `None`.
         **kwargs: base model keyword arguments, such as `name`.
+
+    The model is a task on two parts, as keras-hub's causal LMs are: a
+    `RecurrentBackbone` (`model.backbone`: the embedding, the recurrent
+    stack, its dropouts and the carried state) and a `LanguageModelHead`
+    (`model.head`: the Dual head, output dropout, projection, mixture,
+    softmax and temperature). The model adds the D samples, the objective,
+    the checks of every entry point, `generate`, `score` and
+    `call_with_cache`.
 
     Example:
 
-    >>>     >>> model = LanguageModel(vocabulary_size=50, units=16, num_layers=2,
+    >>> import numpy as np
+    >>> model = LanguageModel(vocabulary_size=50, units=16, num_layers=2,
     ...                       cell="mogrifier_rlstm", mogrifier_rank=4)
     >>> tuple(model(np.zeros((3, 7), "int32")).shape)
     (3, 7, 50)
@@ -476,7 +494,8 @@ class LanguageModel(
 
         Example:
 
-        >>>         >>> model = LanguageModel(20, units=8, num_layers=1, batch_size=2)
+        >>> import numpy as np
+        >>> model = LanguageModel(20, units=8, num_layers=1, batch_size=2)
         >>> logits, _, cache = model.call_with_cache(np.ones((2, 4), "int32"))
         >>> logits, _, cache = model.call_with_cache(np.ones((2, 1), "int32"), cache)
         >>> tuple(logits.shape), len(cache)
