@@ -125,7 +125,10 @@ def statistics_evaluator(model, train_ids, args):
     from keras_mogrifier.evaluation import DynamicEvaluator
 
     evaluator_model = model.with_options(batch_size=args.statistics_batch, samples=1)
-    evaluator = DynamicEvaluator(evaluator_model, segment_length=args.segment_length)
+    evaluator = DynamicEvaluator(
+        evaluator_model, segment_length=args.segment_length,
+        jit_compile=getattr(args, "evaluator_jit", "auto"),
+    )
     evaluator.collect_gradient_statistics(
         train_ids, batch_size=args.statistics_batch, steps=args.statistics_steps
     )
@@ -193,9 +196,12 @@ def _measure_cell(args, name, train_ids, test_ids):
     # `--statistics-batch` streams: the state has that many rows).
     stream = test_ids[: args.eval_tokens + 1]
     evaluator = statistics_evaluator(model, train_ids, args)
-    warm = test_ids[: 4 * args.segment_length + 1]
-    evaluator.evaluate(warm, adapt=False, verbose=0)
-    evaluator.evaluate(warm, verbose=0)
+    # The warm-up scores the timed stream itself: every compiled call length
+    # it uses (64 segments per call, and the remainder) is built before the
+    # timing starts. (Until 2026-11-26 it scored 4 segments, so the first
+    # timed pass also compiled; read the `*_all` lists of older results.)
+    evaluator.evaluate(stream, adapt=False, verbose=0)
+    evaluator.evaluate(stream, verbose=0)
     tokens = len(stream) - 1
     median, times = _timed(
         lambda: evaluator.evaluate(stream, adapt=False, verbose=0), args.eval_repeats, "static"
@@ -210,6 +216,23 @@ def _measure_cell(args, name, train_ids, test_ids):
     row["dynamic_cpu_ms_per_token"] = 1000 * statistics.median(CPU_TIMES["dynamic"]) / tokens
     row["dynamic_ms_per_token_all"] = [1000 * t / tokens for t in times]
     row["dynamic_over_static"] = row["dynamic_ms_per_token"] / row["static_ms_per_token"]
+    # The same, adapting every weight but the (tied) embedding table: the
+    # share of the update's memory traffic that the 10k × units table is.
+    statistics_all = evaluator.gradient_statistics
+    evaluator.variables = lambda v: v.trainable and "embedding" not in v.path
+    evaluator.gradient_statistics = {
+        path: value for path, value in statistics_all.items() if "embedding" not in path
+    }
+    evaluator.evaluate(stream, verbose=0)
+    median, times = _timed(
+        lambda: evaluator.evaluate(stream, verbose=0), args.eval_repeats, "dynamic_no_table"
+    )
+    row["dynamic_no_table_ms_per_token"] = 1000 * median / tokens
+    row["dynamic_no_table_over_static"] = (
+        row["dynamic_no_table_ms_per_token"] / row["static_ms_per_token"]
+    )
+    evaluator.variables = None
+    evaluator.gradient_statistics = statistics_all
 
     generator = model.with_options(batch_size=1, samples=1)
     prompt = test_ids[: args.prompt_tokens]
@@ -441,16 +464,19 @@ def print_table(results):
                     f"{fmt(g('generate_ms_per_token'), '.2f')} |"
                 )
     print()
-    print("| backend | dynamic / static, per cell | worst |")
-    print("| --- | --- | ---: |")
+    print("| backend | dynamic / static, per cell | worst | the same without the "
+          "embedding table adapted |")
+    print("| --- | --- | ---: | --- |")
     for result in results:
         ratios = [
-            (row["cell"], row["dynamic_over_static"])
+            (row["cell"], row["dynamic_over_static"], row.get("dynamic_no_table_over_static"))
             for row in result["rows"] if "dynamic_over_static" in row
         ]
         if ratios:
-            shown = ", ".join(f"{c} {r:.2f}" for c, r in ratios)
-            print(f"| {result['backend']} | {shown} | {max(r for _, r in ratios):.2f} |")
+            shown = ", ".join(f"{c} {r:.2f}" for c, r, _ in ratios)
+            no_table = ", ".join(f"{c} {fmt(r, '.2f')}" for c, _, r in ratios)
+            print(f"| {result['backend']} | {shown} | {max(r for _, r, _ in ratios):.2f} "
+                  f"| {no_table} |")
 
 
 # Settings that `--quick` shrinks (a check that the script runs, minutes on
@@ -510,6 +536,13 @@ def print_gap_table(gap):
         print(f"keras.layers.LSTM step on {b}: " + ", ".join(f"{m:.1f} ms" for m in ms))
 
 
+def _jit_setting(text):
+    values = {"auto": "auto", "true": True, "false": False}
+    if text.lower() not in values:
+        raise argparse.ArgumentTypeError(f"expected auto, true or false, got {text!r}")
+    return values[text.lower()]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -539,6 +572,9 @@ def main():
     parser.add_argument("--gap-window", type=int, default=35)
     parser.add_argument("--torch-threads", type=int,
                         help="torch.set_num_threads in the PyTorch worker (default: PyTorch's)")
+    parser.add_argument("--evaluator-jit", default="auto", type=_jit_setting,
+                        help="the DynamicEvaluator's jit_compile: auto (default), true "
+                             "or false (on TensorFlow's CPU, auto is false)")
     parser.add_argument("--data-dir", help="a corpus folder (ptb.{train,test}.txt): real tokens")
     parser.add_argument("--json", help="output (default: benchmarks/results/backends_quiet.json, "
                         "backends_load<N>.json with --load N, backends_quick.json with --quick)")
@@ -564,7 +600,8 @@ def main():
         f"LanguageModel V={args.vocabulary}, 2 × {args.units}, batch {args.batch}, "
         f"window {args.window}, dropout {args.dropout}, IWAEDropoutLoss, Adam; train step "
         f"= median of {args.repeats} fits of {args.train_steps} steps; evaluation "
-        f"on {args.eval_tokens} tokens, batch 1, segments of {args.segment_length}; "
+        f"on {args.eval_tokens} tokens, batch 1, segments of {args.segment_length} "
+        f"(evaluator jit_compile={args.evaluator_jit}); "
         f"{args.load} busy process(es) beside each backend"
     )
     gap_setting = (

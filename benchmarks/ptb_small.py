@@ -49,7 +49,13 @@ def main():
         "--checkpoint-dir",
         help="save the model after every epoch (CELL/last.keras) so a cut-off run keeps it",
     )
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="continue each cell from its checkpoint in --checkpoint-dir (where one exists)",
+    )
     args = parser.parse_args()
+    if args.resume and not args.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir")
     corpus = load_corpus(args.data_dir)
     rows = []
     for name in args.cells:
@@ -65,6 +71,9 @@ def main():
             },
             checkpoint_dir=(
                 os.path.join(args.checkpoint_dir, name) if args.checkpoint_dir else None
+            ),
+            resume=bool(args.resume) and os.path.exists(
+                os.path.join(args.checkpoint_dir, name, "progress.json")
             ),
             dynamic=False,
             verbose=2,

@@ -68,7 +68,16 @@ class CellRNN(keras.layers.RNN):
             shape = ops.shape(x)
             z_x = cell.project_input(weights, ops.reshape(x, (-1, shape[-1])))
             x = ops.reshape(z_x, (shape[0], shape[1], z_x.shape[-1]))
-        if mask is not None:
+        # Where the time length is not static (a TensorFlow trace whose
+        # shapes were relaxed), the loop gets batch-major inputs: Keras's
+        # TensorFlow loop reads a missing `input_length` from
+        # `inputs.shape[1]`, which in the time-major layout is the batch
+        # size — it would stop after that many steps.
+        time_steps = sequences.shape[1]
+        time_major = time_steps is not None
+        if not time_major:
+            x = ops.swapaxes(x, 0, 1)
+        elif mask is not None:
             mask = ops.swapaxes(mask, 0, 1)
         if self.stateful:
             # The state variables are assigned after the loop: the loop must
@@ -88,9 +97,11 @@ class CellRNN(keras.layers.RNN):
             go_backwards=self.go_backwards,
             mask=mask,
             unroll=self.unroll,
-            input_length=sequences.shape[1],
-            time_major=True,
+            input_length=time_steps,
+            time_major=time_major,
             zero_output_for_mask=self.zero_output_for_mask,
             return_all_outputs=self.return_sequences,
         )
-        return last_output, ops.swapaxes(outputs, 0, 1), states
+        if time_major:
+            outputs = ops.swapaxes(outputs, 0, 1)
+        return last_output, outputs, states

@@ -289,3 +289,33 @@ def test_model_adaptation_loop_updates_from_each_iterations_gradient_in_order():
         w -= 0.1 * 2 * error * x
     np.testing.assert_allclose(errors, expected, rtol=1e-6)
     np.testing.assert_allclose(to_numpy(kernel)[0, 0], w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("adapt", [False, True])
+def test_a_new_segment_length_scores_like_a_fresh_evaluator(adapt):
+    """An evaluator whose `segment_length` changes (as a tuner's trials do)
+    scores the next stream as a new evaluator of that length would.
+
+    On TensorFlow the compiled loop is traced again for the new length with
+    the time axis relaxed to unknown; the package's recurrent layer then
+    has to tell Keras's time loop the length (it once ran as many steps as
+    the batch has rows: one per segment here).
+    """
+    from keras_mogrifier import LanguageModel
+
+    def model():
+        keras.utils.set_random_seed(0)
+        lm = LanguageModel(VOCAB, units=6, num_layers=2, cell="rlstm", batch_size=1)
+        lm(np.zeros((1, 3), "int32"))
+        return lm
+
+    stream = np.random.default_rng(7).integers(0, VOCAB, 41)
+    reused_model = model()
+    reused = DynamicEvaluator(reused_model, segment_length=7, learning_rate=1e-2,
+                              update_rule="sgd")
+    reused.evaluate(stream, adapt=adapt, verbose=0)
+    reused.segment_length = 3
+    got = reused.evaluate(stream, adapt=adapt, verbose=0, return_token_losses=True)
+    fresh = DynamicEvaluator(model(), segment_length=3, learning_rate=1e-2, update_rule="sgd")
+    expected = fresh.evaluate(stream, adapt=adapt, verbose=0, return_token_losses=True)
+    np.testing.assert_allclose(got["token_losses"], expected["token_losses"], rtol=1e-5, atol=1e-6)
