@@ -67,6 +67,9 @@ DECAY_RATES = (3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 CACHE_INTERPOLATIONS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4)
 CACHE_FLATNESSES = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
+# The curves' keys in the --curves file.
+CURVE_NAMES = {"static": "static", "rms_rms_prior": "RMS + RMS prior"}
+
 RUNGS = [
     # name, update_rule (None: static / cache), segment_length, learning rates, decay rates
     ("static", None, 5, None, None),
@@ -166,11 +169,27 @@ def parse_args():
     parser.add_argument("--json", help="write the table here")
     parser.add_argument("--plots", help="directory for the bar chart and the loss curve (PNG)")
     parser.add_argument("--window", type=int, default=2000, help="moving average of the curve")
+    parser.add_argument("--curves", help="write the static and eq. 8 token losses here (.npz)")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="draw --plots from --json and --curves, measuring nothing")
+    parser.add_argument("--device", default="cpu",
+                        help="the machine, in words, stored in the JSON (e.g. 'one H200')")
     return parser.parse_args()
 
 
 def main():
     args = parse_args()
+    if args.plot_only:
+        if not (args.json and args.plots):
+            raise SystemExit("--plot-only draws --plots from --json (and --curves).")
+        with open(args.json) as f:
+            rows = json.load(f)["rows"]
+        curves = {}
+        if args.curves:
+            with np.load(args.curves) as data:
+                curves = {CURVE_NAMES[k]: data[k] for k in data.files}
+        plot(rows, curves, args)
+        return
     corpus = load_corpus(args.data_dir)
     trained = keras.saving.load_model(args.model)
     model = trained.with_options(batch_size=args.statistics_batch_size, samples=1)
@@ -250,6 +269,11 @@ def main():
             )
             if rule in (None, "rms_rms_prior"):
                 curves[name] = result["token_losses"][0]
+                if args.curves:
+                    os.makedirs(os.path.dirname(os.path.abspath(args.curves)), exist_ok=True)
+                    np.savez_compressed(args.curves, **{
+                        key: np.asarray(curves[value], dtype="float32")
+                        for key, value in CURVE_NAMES.items() if value in curves})
         seconds = time.time() - start
         row.update(test_perplexity=result["perplexity"], test_tokens=result["num_tokens"],
                    test_seconds=seconds, ms_per_token=1000 * seconds / result["num_tokens"],
@@ -282,7 +306,7 @@ def report(rows, args):
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"command": "python " + " ".join(sys.argv), "backend":
-                       keras.backend.backend(),
+                       keras.backend.backend(), "device": args.device,
                        "grids": {"sgd_learning_rates": SGD_LEARNING_RATES,
                                  "rms_learning_rates": RMS_LEARNING_RATES,
                                  "decay_rates": DECAY_RATES,

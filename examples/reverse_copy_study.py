@@ -19,6 +19,12 @@ that was cut off goes on where it stopped. `--search grid` with short lists
 (`--embedding-sizes 8 16 32 64 --learning-rates 1e-2 --l2 0`) sweeps one
 hyperparameter fully; `--embedding-figure` then draws the best validation
 cross-entropy at each embedding size.
+
+Points are independent, so a machine with many cores (or one GPU) can run
+them as separate processes, one `--cells C --lengths L --results-json
+part_C_L.json` each, and gather them: `--merge part_*.json --results-json
+all.json --figure fig.png` measures nothing, writes the points in the order
+of `--lengths` and `--cells` with each part's command, and draws.
 """
 
 import argparse
@@ -111,6 +117,9 @@ def parse_args(argv=None):
     parser.add_argument("--embedding-figure",
                         help="draw the best validation cross-entropy per embedding size here")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="gather the points of these results files (one process "
+                        "each) into --results-json and draw; measures nothing")
     args = parser.parse_args(argv)
     for name in ("embedding_sizes", "learning_rates", "l2", "lengths"):
         _check_positive(parser, name, getattr(args, name), allow_zero=name == "l2")
@@ -198,7 +207,8 @@ def draw(rows, path, vocabulary_size):
             ax.annotate(f"e{r['embedding_size']}", (r["length"], r["test_cross_entropy"]),
                         textcoords="offset points", xytext=(-8, 8 + 9 * index), fontsize=7,
                         color=line.get_color())
-    uniform = math.log(vocabulary_size)
+    # The tokens and the end-of-sequence symbol (the rows' own figure).
+    uniform = rows[0].get("uniform_cross_entropy", math.log(vocabulary_size + 1))
     highest = max(r["test_cross_entropy"] for r in rows)
     if highest > uniform / 3:
         ax.axhline(uniform, color="grey", linestyle=":", label="uniform guess")
@@ -233,8 +243,40 @@ def draw_embedding_sizes(rows, path):
     _save(fig, ax, path)
 
 
+def merge(args):
+    """The points of several results files in one, ordered as the arguments say."""
+    rows, commands, backends = [], [], set()
+    for path in args.merge:
+        with open(path) as f:
+            part = json.load(f)
+        for row in part["rows"]:
+            rows.append({**row, "command": part["command"]})
+        commands.append(part["command"])
+        backends.add(part["backend"])
+        settings = {k: v for k, v in part["settings"].items()
+                    if k not in ("cells", "lengths", "tuner_dir", "results_json")}
+    order = {(c, n): i for i, (n, c) in enumerate(
+        (n, c) for n in args.lengths for c in args.cells)}
+    missing = sorted(set(order) - {(r["cell"], r["length"]) for r in rows})
+    rows = sorted((r for r in rows if (r["cell"], r["length"]) in order),
+                  key=lambda r: order[(r["cell"], r["length"])])
+    with open(args.results_json, "w") as f:
+        json.dump({"command": "python reverse_copy_study.py " + shlex.join(sys.argv[1:]),
+                   "commands": commands, "missing": missing,
+                   "settings": {**settings, "cells": args.cells, "lengths": args.lengths},
+                   "backend": "/".join(sorted(backends)), "rows": rows}, f, indent=2)
+    print(f"{len(rows)} points gathered in {args.results_json}; missing: {missing or 'none'}")
+    if args.figure and rows:
+        draw(rows, args.figure, args.vocabulary_size)
+    if args.embedding_figure and rows:
+        draw_embedding_sizes(rows, args.embedding_figure)
+    return rows
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.merge:
+        return merge(args)
     keras.utils.set_random_seed(args.seed)
     rows = []
     if args.resume and os.path.exists(args.results_json):

@@ -61,7 +61,8 @@ Each backend module implements the same functions:
   TensorFlow's on every backend).
 
 A module may also offer leaner versions of two Keras functions, used when
-present (`sparse_crossentropy` and `rnn` below): PyTorch's does.
+present (`sparse_crossentropy` and `rnn` below), and a leaner time step
+for the package's cells (`recurrent_step` below): PyTorch's does.
 
 `get_backend_module()` returns the module of the active backend; importing
 this package imports no backend library.
@@ -146,3 +147,20 @@ def rnn(step_function, inputs, initial_states, **kwargs):
         if result is not None:
             return result
     return backend.rnn(step_function, inputs, initial_states, **kwargs)
+
+
+def recurrent_step(cell, weights, training, projected):
+    """The backend module's own time step for `cell`, or `None`.
+
+    `CellRNN` runs `cell.recurrent_step` (the gate arithmetic in
+    `keras.ops`) unless the backend module offers
+    `recurrent_step(cell, weights, training, projected)` and it returns a
+    step `(x_t, states) -> (h, [h, c])` that computes the same thing
+    (PyTorch's, for the plain LSTM and RLSTM cells: see
+    `keras_mogrifier/backend/torch.py`). On TensorFlow and JAX the step is
+    traced once into a compiled loop, so `keras.ops` costs nothing per step.
+    """
+    own = _own("recurrent_step")
+    if own is None:
+        return None
+    return own(cell, weights, training, projected)

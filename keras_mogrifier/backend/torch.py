@@ -135,6 +135,70 @@ def rnn(
     return outputs[-1], stacked, states
 
 
+def recurrent_step(cell, weights, training, projected):
+    """The time step of the package's plain cells in PyTorch's own operations.
+
+    `CellRNN` runs the cell's `recurrent_step`, written in `keras.ops`; on
+    PyTorch each of its operations goes through Keras's conversions and
+    dtype checks (about 100 ATen calls per layer and step at batch 1,
+    against the dozen the arithmetic needs), which dominates evaluation,
+    dynamic evaluation and generation, where the steps are small. For an
+    `RLSTMCell` or a `MogrifierLSTMCell` without mogrifier rounds, without
+    adaptation, whose input projection was hoisted out of the loop and that
+    draws no state dropout mask in this call, this returns the same step —
+    the same operations in the same order, so the same numbers, gradients
+    included (autograd records them) — as `(z_x, states) -> (h, [h, c])`;
+    otherwise (or for a subclass that overrides `step`) `None`, and the
+    cell's own step runs.
+    """
+    from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
+    from keras_mogrifier.layers.rlstm_cell import RLSTMCell
+
+    if (
+        not projected
+        or weights["mogrifier"] is not None
+        or weights["adaptation"] is not None
+        or (training and cell.recurrent_dropout > 0.0)
+    ):
+        return None
+    recurrent_kernel = weights["recurrent_kernel"]
+    if isinstance(cell, RLSTMCell) and type(cell).step is RLSTMCell.step:
+        forget_kernel = weights["forget_kernel"]
+        output_kernel = weights["output_kernel"]
+        output_bias = weights["output_bias"]
+
+        def rlstm_step(z_x, states):
+            h_prev, c_prev = states[0], states[1]
+            z = z_x + torch.matmul(h_prev, recurrent_kernel)
+            z_i, z_j, z_f = torch.chunk(z, 3, dim=-1)
+            i = torch.sigmoid(z_i)
+            j = torch.tanh(z_j)
+            f = torch.sigmoid(z_f + torch.matmul(i * j, forget_kernel))
+            c = f * c_prev + torch.minimum(i, 1.0 - f) * j
+            z_o = torch.matmul(c, output_kernel)
+            if output_bias is not None:
+                z_o = z_o + output_bias
+            h = torch.sigmoid(z_o) * torch.tanh(c)
+            return h, [h, c]
+
+        return rlstm_step
+    if isinstance(cell, MogrifierLSTMCell) and type(cell).step is MogrifierLSTMCell.step:
+        capped = cell.capped_input_gate
+
+        def lstm_step(z_x, states):
+            h_prev, c_prev = states[0], states[1]
+            z = z_x + torch.matmul(h_prev, recurrent_kernel)
+            z_i, z_f, z_j, z_o = torch.chunk(z, 4, dim=-1)
+            f = torch.sigmoid(z_f)
+            i = torch.sigmoid(torch.minimum(z_i, -z_f) if capped else z_i)
+            c = f * c_prev + i * torch.tanh(z_j)
+            h = torch.sigmoid(z_o) * torch.tanh(c)
+            return h, [h, c]
+
+        return lstm_step
+    return None
+
+
 def _stacked(outputs):
     return torch.utils._pytree.tree_map(
         lambda *xs: torch.stack(xs), *outputs

@@ -85,10 +85,15 @@ class CellRNN(keras.layers.RNN):
             # tensor that autograd saved).
             initial_state = [ops.copy(s) for s in initial_state]
 
-        def step(x_t, states):
-            return cell.recurrent_step(
-                weights, x_t, states, training, projected=hoisted
-            )
+        # The backend's own step where it has one (PyTorch: the same
+        # arithmetic without Keras's per-operation overhead), else the cell's.
+        step = backend.recurrent_step(cell, weights, training, hoisted)
+        if step is None:
+
+            def step(x_t, states):
+                return cell.recurrent_step(
+                    weights, x_t, states, training, projected=hoisted
+                )
 
         last_output, outputs, states = backend.rnn(
             step,

@@ -173,16 +173,37 @@ def training_callbacks(training, checkpoint_dir=None, validation_data=None):
 
 
 class _EpochCheckpoint(keras.callbacks.Callback):
-    """Saves the whole model (weights and optimizer) after every epoch."""
+    """Saves the whole model (weights and optimizer) after every epoch, and in
+    `progress.json` the epochs done and every epoch's logs (`history`), so a
+    resumed run still reports the curves of the epochs before it."""
 
     def __init__(self, directory):
         super().__init__()
         self.directory = directory
+        # The epochs a resumed run starts after (a fresh run overwrites them:
+        # epoch `e` keeps the first `e` entries only).
+        self.history = checkpoint_history(directory)
 
     def on_epoch_end(self, epoch, logs=None):
         self.model.save(os.path.join(self.directory, "last.keras"))
+        self.history = self.history[:epoch] + [_floats(logs)]
         with open(os.path.join(self.directory, "progress.json"), "w") as f:
-            json.dump({"epochs_done": epoch + 1, "logs": _floats(logs)}, f)
+            json.dump({"epochs_done": epoch + 1, "logs": _floats(logs),
+                       "history": self.history}, f)
+
+
+def checkpoint_history(checkpoint_dir):
+    """Every saved epoch's logs in `checkpoint_dir`'s `progress.json`, oldest
+    first (`[]` without one; only the last epoch's for files written before
+    the history was kept, padded with `None` for the epochs before it)."""
+    progress = os.path.join(checkpoint_dir, "progress.json")
+    if not os.path.exists(progress):
+        return []
+    with open(progress) as f:
+        saved = json.load(f)
+    if "history" in saved:
+        return list(saved["history"])
+    return [None] * (saved["epochs_done"] - 1) + [saved.get("logs")]
 
 
 def load_checkpoint(checkpoint_dir):
@@ -632,7 +653,9 @@ def run_experiment(
         temperature, `eval_batch_size` streams), `valid_perplexity_one_stream`
         and `test_perplexity_one_stream` (the tuned temperature, one
         stream: what dynamic evaluation is compared with), the temperature,
-        per-epoch validation perplexities, `seconds` and `cpu_seconds` (wall
+        per-epoch validation and training perplexities from the first epoch
+        (`valid_perplexity_curve`, `train_perplexity_curve`; a resumed run
+        reads the earlier epochs from the checkpoint), `seconds` and `cpu_seconds` (wall
         and CPU time of each phase), with `like_for_like=True`
         `valid_perplexity_tau1`, `valid_perplexity_tau1_one_stream` and
         `test_perplexity_tau1_one_stream`, with `dynamic=True`
@@ -650,7 +673,7 @@ def run_experiment(
     training["eval_batch_size"] = training["eval_batch_size"] or training["batch_size"]
     # Evaluation batches use the model's state rows: at most batch × samples.
     vocabulary_size = len(corpus.vocabulary)
-    initial_epoch = 0
+    initial_epoch, earlier = 0, []
     data_parallel = bool(training.get("data_parallel", False))
     scope = (
         get_backend_module().data_parallel()
@@ -673,6 +696,7 @@ def run_experiment(
                     "Received: checkpoint_dir=None"
                 )
             model, initial_epoch = load_checkpoint(checkpoint_dir)
+            earlier = checkpoint_history(checkpoint_dir)[:initial_epoch]
             log(f"resumed from {checkpoint_dir} after epoch {initial_epoch}")
         else:
             model = build_language_model(
@@ -705,7 +729,11 @@ def run_experiment(
                 verbose=1 if verbose == 1 else 0,
             )
     train_seconds = clock.seconds["training"]
-    val_curve = [p for p in epoch_log.valid if p is not None]
+    # A resumed run's curves start with the epochs before it (from the
+    # checkpoint's history; None where an older checkpoint did not keep them).
+    earlier_valid = [(e or {}).get("val_perplexity") for e in earlier]
+    earlier_train = [(e or {}).get("perplexity") for e in earlier]
+    val_curve = earlier_valid + [p for p in epoch_log.valid if p is not None]
 
     results = {
         "preset": preset,
@@ -719,7 +747,8 @@ def run_experiment(
         * max(1, training["epochs"] - initial_epoch)
         / train_seconds,
         "valid_perplexity_curve": val_curve,
-        "train_perplexity_curve": [p for p in epoch_log.train if p is not None],
+        "train_perplexity_curve": earlier_train
+        + [p for p in epoch_log.train if p is not None],
         "initial_epoch": initial_epoch,
         "seconds": clock.seconds,
         "cpu_seconds": clock.cpu_seconds,

@@ -59,13 +59,18 @@ def plot_run(results, path):
     panels = 3 if curves else 1
     fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 3.6), squeeze=False)
     ax = axes[0][0]
-    train = results.get("train_perplexity_curve") or []
-    valid = results.get("valid_perplexity_curve") or []
-    first = results.get("initial_epoch", 0) + 1
+    # Every epoch from the first (a resumed run's curves hold the epochs
+    # before it; None where an older checkpoint did not keep them).
+    train_points = [(e, p) for e, p in enumerate(
+        results.get("train_perplexity_curve") or [], 1) if p is not None]
+    valid_points = [(e, p) for e, p in enumerate(
+        results.get("valid_perplexity_curve") or [], 1) if p is not None]
+    train = [p for _, p in train_points]
+    valid = [p for _, p in valid_points]
     if train:
-        ax.plot(range(first, first + len(train)), train, "o-", label="training")
+        ax.plot([e for e, _ in train_points], train, "o-", label="training")
     if valid:
-        ax.plot(range(first, first + len(valid)), valid, "o-", label="validation")
+        ax.plot([e for e, _ in valid_points], valid, "o-", label="validation")
     ax.set_xlabel("epoch")
     ax.set_ylabel("perplexity")
     _log_axis(ax.yaxis, train + valid, FixedLocator, NullLocator)
