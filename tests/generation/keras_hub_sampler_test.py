@@ -5,7 +5,7 @@ keras-hub's `CausalLM.generate_step` hands a sampler a function
 returns `(logits, hidden_states, cache)`; for a recurrent model the cache
 is the recurrent state, seeded by one call over the prompt (as keras-hub's
 `RWKV7CausalLM` seeds its state). The continuation must be the one our
-own `generate` writes.
+own `generate` writes, and the greedy one of full passes over the text.
 """
 
 import keras_hub
@@ -14,6 +14,7 @@ import pytest
 from keras import ops
 from testing import to_numpy
 
+from generate_test import full_pass_log_probs
 from generate_test import make_model
 
 PROMPTS = np.array([[3, 4, 5, 6], [2, 1, 0, 16], [10, 11, 12, 13]], "int32")
@@ -55,3 +56,9 @@ def test_keras_hub_greedy_sampler_writes_what_generate_writes(options):
     output = keras_hub_continuation(model, keras_hub.samplers.GreedySampler())
     np.testing.assert_array_equal(output[:, : PROMPTS.shape[1]], PROMPTS)
     np.testing.assert_array_equal(output, np.asarray(expected))
+    # And each new token is the argmax of a full pass over the text before
+    # it (an ordinary call, not through the cache).
+    log_probs = full_pass_log_probs(model, output)
+    for row, text in zip(log_probs, output):
+        for t in range(PROMPTS.shape[1], MAX_LENGTH):
+            assert text[t] == row[t - 1].argmax(), (text, t)
