@@ -21,6 +21,7 @@ from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.initializers import ChronoInitializer
 from keras_mogrifier.layers import CellRNN
 from keras_mogrifier.layers import DualOutput
+from keras_mogrifier.layers import LanguageModelHead
 from keras_mogrifier.layers import MixtureOfSoftmaxes
 from keras_mogrifier.layers import Mogrifier
 from keras_mogrifier.layers import MogrifierLSTM
@@ -32,6 +33,7 @@ from keras_mogrifier.metrics import BitsPerCharacter
 from keras_mogrifier.metrics import Perplexity
 from keras_mogrifier.models import LanguageModel
 from keras_mogrifier.models import NonFiniteLossError
+from keras_mogrifier.models import RecurrentBackbone
 from keras_mogrifier.optimizers import RectifiedAdam
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
 

@@ -34,9 +34,11 @@ class Decoder:
     read once: a window of known tokens is one call (`read`), each new token
     one call (`step`). Both are compiled once per input shape with the
     backend seam's `model_function`, which keeps the state the model
-    assigns. Rows are the first `b` rows of the model's state (`b` at most
-    `capacity`); the state is not reset between calls — `fresh_state()`
-    starts from zero and restores the carried state afterwards.
+    assigns. Each call goes through `LanguageModel.call_with_cache` with the
+    leading rows of the carried state as the cache, written back after it
+    (`logits_through_cache`; the numbers of a stateful call). Rows are the
+    first `b` rows of the model's state (`b` at most `capacity`); the state
+    is not reset between calls — `fresh_state()` starts from zero and restores the carried state afterwards.
 
     Every argument is checked on the host before anything runs (token ids:
     integers in `[0, vocabulary_size)`, one per row; uniforms: floats in
@@ -265,7 +267,7 @@ class Decoder:
         return position
 
     def _read_fn(self, inputs, targets):
-        logits = self.model(inputs, training=False)
+        logits = logits_through_cache(self.model, inputs)
         log_probs = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
         return ops.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
 
@@ -273,7 +275,8 @@ class Decoder:
         model = self.model
 
         def sampling_step(tokens, uniform):
-            logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
+            logits = logits_through_cache(model, tokens[:, None])
+            logits = ops.cast(logits[:, 0], "float32")
             with inputs_checked():  # the uniforms on the host, before
                 return sampler(logits, uniform), ops.log_softmax(logits, axis=-1)
 
@@ -285,7 +288,8 @@ class Decoder:
         beams = sampler.num_beams
 
         def beam_search_step(tokens, scores, generating, forced, finished, pad):
-            logits = ops.cast(model(tokens[:, None], training=False)[:, 0], "float32")
+            logits = logits_through_cache(model, tokens[:, None])
+            logits = ops.cast(logits[:, 0], "float32")
             log_probs = ops.log_softmax(
                 stable_logits(logits, sampler.temperature), axis=-1
             )
@@ -317,6 +321,24 @@ class Decoder:
             return ops.reshape(next_tokens, (-1,)), scores, parents
 
         return beam_search_step
+
+
+def logits_through_cache(model, ids):
+    """The model's logits of `ids` at evaluation, through `call_with_cache`.
+
+    The cache is the leading rows of the carried state (`b` rows of
+    `recurrent_state_variables` for `b` rows of ids), written back after
+    the call: the same numbers as a stateful call at evaluation
+    (`model(ids, training=False)`: dropout off, temperature applied), with
+    the recurrent state handed over as keras-hub's samplers hand a cache.
+    """
+    variables = model.recurrent_state_variables
+    rows = ops.shape(ids)[0]
+    cache = [model._read_state(variable, rows) for variable in variables]
+    logits, _, cache = model.call_with_cache(ids, cache)
+    for variable, state in zip(variables, cache):
+        model._write_state(variable, state)
+    return logits
 
 
 def decoder_for(model, jit_compile="auto"):

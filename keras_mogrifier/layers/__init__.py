@@ -1,5 +1,6 @@
 from keras_mogrifier.layers.cell_rnn import CellRNN
 from keras_mogrifier.layers.dual_output import DualOutput
+from keras_mogrifier.layers.language_model_head import LanguageModelHead
 from keras_mogrifier.layers.mixture_of_softmaxes import MixtureOfSoftmaxes
 from keras_mogrifier.layers.mogrifier import Mogrifier
 from keras_mogrifier.layers.mogrifier import MogrifierFactorInitializer

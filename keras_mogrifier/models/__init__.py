@@ -1,2 +1,3 @@
 from keras_mogrifier.models.language_model import LanguageModel
 from keras_mogrifier.models.non_finite_loss_error import NonFiniteLossError
+from keras_mogrifier.models.recurrent_backbone import RecurrentBackbone

@@ -1,0 +1,44 @@
+"""The split LanguageModel gives the numbers of the release before the split.
+
+tests/fixtures/make_pre_split_equality.py computed, with the code before
+issue 27 and the same seed, each model's initial weights, its logits, the
+loss of 2 `fit` steps with dropout on and the weights after them, on each
+backend; here the current code computes the same and must match exactly
+(tolerance 0: each backend is deterministic on CPU, and the same layers
+drawing the same random numbers in the same order give the same bits).
+"""
+
+import importlib.util
+import os
+
+import keras
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_SPEC = importlib.util.spec_from_file_location(
+    "make_pre_split_equality",
+    os.path.join(HERE, "..", "fixtures", "make_pre_split_equality.py"),
+)
+maker = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(maker)
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    with np.load(maker.fixture_path(keras.backend.backend())) as data:
+        return {key: data[key] for key in data.files}
+
+
+@pytest.mark.parametrize("name", list(maker.CONFIGS))
+def test_same_seed_same_numbers_as_before_the_split(name, recorded):
+    expected = {
+        key[len(name) + 1 :]: value
+        for key, value in recorded.items()
+        if key.startswith(name + "/")
+    }
+    actual = maker.numbers(name)
+    # Same weights, in the same order, at the same paths.
+    assert sorted(actual) == sorted(expected)
+    for key in sorted(expected):
+        np.testing.assert_array_equal(actual[key], expected[key], err_msg=f"{name}: {key}")
