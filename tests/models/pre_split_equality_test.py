@@ -3,9 +3,13 @@
 tests/fixtures/make_pre_split_equality.py computed, with the code before
 issue 27 and the same seed, each model's initial weights, its logits, the
 loss of 2 `fit` steps with dropout on and the weights after them, on each
-backend; here the current code computes the same and must match exactly
-(tolerance 0: each backend is deterministic on CPU, and the same layers
-drawing the same random numbers in the same order give the same bits).
+backend; here the current code computes the same. The initial weights and
+the logits must match exactly (the same layers drawing the same random
+numbers in the same order give the same bits). The losses and weights after
+the `fit` steps must match to float rounding (rtol 1e-5, atol 1e-8): XLA
+splits a reduction by the number of threads it has, so the fixture (made on
+one core) and a run on two cores can differ in the last bits of a
+gradient — as JAX did on a 2-core run (relative 1e-5 on values of 1e-8).
 """
 
 import importlib.util
@@ -41,4 +45,9 @@ def test_same_seed_same_numbers_as_before_the_split(name, recorded):
     # Same weights, in the same order, at the same paths.
     assert sorted(actual) == sorted(expected)
     for key in sorted(expected):
-        np.testing.assert_array_equal(actual[key], expected[key], err_msg=f"{name}: {key}")
+        if key.startswith(("init/", "logits")):
+            np.testing.assert_array_equal(actual[key], expected[key], err_msg=f"{name}: {key}")
+        else:
+            np.testing.assert_allclose(
+                actual[key], expected[key], rtol=1e-5, atol=1e-8, err_msg=f"{name}: {key}"
+            )
