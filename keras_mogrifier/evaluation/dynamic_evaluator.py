@@ -20,6 +20,9 @@ from keras_mogrifier.generation import text as text_lib
 
 ADAPTATION_KERNEL_NAME = "adaptation_kernel"
 NORMALIZERS = ("tensor_mean", "global_mean")
+WHOLE_WINDOW = True
+# The most logits (float32) a static scoring call computes at once.
+WINDOW_LOGITS = 2**23
 
 
 class DynamicEvaluator(keras.callbacks.Callback):
@@ -723,7 +726,36 @@ class DynamicEvaluator(keras.callbacks.Callback):
         # unless callbacks were given: they see the model after every
         # segment, so each segment is then a call of its own.
         per_call = 1 if callbacks else SEGMENTS_PER_CALL
-        if not adapt:
+        if not adapt and _scores_windows_whole(model):
+            # Nothing changes the weights between segments: a call's `K`
+            # segments are one window of `K · n` tokens for a model whose
+            # state carries from call to call (the same steps, fewer calls),
+            # in windows of at most `WINDOW_LOGITS` logits.
+            forward = self._step("forward", [])
+            rows = max(1, WINDOW_LOGITS // (batch_size * _vocabulary_size(model)))
+
+            def score_segments(x, y, w, group, first):
+                k, b, n = x.shape
+                per_window = max(1, rows // n)
+                losses = []
+                for start in range(0, k, per_window):
+                    stop = min(k, start + per_window)
+                    window = lambda a: ops.convert_to_tensor(
+                        np.ascontiguousarray(a[start:stop].transpose(1, 0, 2).reshape(b, -1))
+                    )
+                    losses.append(
+                        _numpy(forward(window(x), window(y)))
+                        .reshape(b, stop - start, n).transpose(1, 0, 2)
+                    )
+                return np.concatenate(losses, axis=0)
+
+            results, token_losses = score_stream(
+                model, streams, batch_size, self.segment_length, score_segments,
+                callbacks=callbacks, verbose=verbose,
+                stop_on_divergence=stop_on_divergence, settings=settings,
+                segments_per_call=per_call,
+            )
+        elif not adapt:
             forward_loop = self._step("forward_loop", [])
 
             def score_segments(x, y, w, group, first):
@@ -974,7 +1006,11 @@ class DynamicEvaluator(keras.callbacks.Callback):
         if key in self._steps:
             return self._steps[key]
         backend = self._backend
-        if kind == "forward_loop":
+        if kind == "forward":
+            built = backend.model_function(
+                model, lambda x, y: _token_losses(model, x, y), jit
+            )
+        elif kind == "forward_loop":
 
             def forward(carry, constants, x, y):
                 return carry, _token_losses(model, x, y)
@@ -1039,6 +1075,26 @@ def _check_output(model, batch_size, time):
             "(batch, time, vocabulary). Received: a model whose output for "
             f"inputs of shape {(batch_size, time)} has shape {shape}"
         )
+
+
+def _scores_windows_whole(model):
+    """Whether `model`'s losses on a window equal those on its segments in turn.
+
+    True for a stateful `LanguageModel` (its state carries from call to
+    call and nothing in it depends on where a call starts), on the backends
+    where one call of `K · n` steps is cheaper than `K` calls (`WHOLE_WINDOW`).
+    """
+    from keras_mogrifier.models.language_model import LanguageModel
+
+    return (
+        WHOLE_WINDOW
+        and isinstance(model, LanguageModel)
+        and model.stateful
+    )
+
+
+def _vocabulary_size(model):
+    return int(model.vocabulary_size)
 
 
 def _token_losses(model, x, y):
