@@ -30,6 +30,8 @@ class CompiledSteps:
     def get(self, model, kind, variables, jit_compile, update_rule, per_stream=None):
         """The compiled function `kind` for `variables`, built once per model.
 
+        - `"forward"`: `(x, y) -> token losses` for one window `(batch,
+          time)`, the model in inference mode (its carried state updated);
         - `"forward_loop"`: `((), (), x, y) -> ((), token losses)` for
           `K` segments `(K, batch, n)` in order, the model in inference mode
           (its carried state is updated from segment to segment);
@@ -52,7 +54,11 @@ class CompiledSteps:
         key = (kind, tuple(id(v) for v in variables), jit, update_rule)
         if key in self._built:
             return self._built[key]
-        if kind == "forward_loop":
+        if kind == "forward":
+            built = backend.model_function(
+                model, lambda x, y: token_losses(model, x, y), jit
+            )
+        elif kind == "forward_loop":
 
             def forward(carry, constants, x, y):
                 return carry, token_losses(model, x, y)

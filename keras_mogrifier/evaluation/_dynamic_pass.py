@@ -2,8 +2,9 @@
 
 `run` is `DynamicEvaluator.evaluate` (and the adapting pass of `adapt_to`):
 every check of the call, then `score_stream` (the segment loop every
-test-time method shares) with the evaluator's compiled step — the forward
-loop for a static pass, the adaptation loop otherwise — and the trained
+test-time method shares) with the evaluator's compiled step — one forward
+call per window of many segments (or the forward loop) for a static pass,
+the adaptation loop otherwise — and the trained
 weights restored afterwards (kept, for `adapt_to`, when the pass completes).
 """
 
@@ -15,6 +16,25 @@ from keras_mogrifier.evaluation import _dynamic_checks as checks
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation._stream_scoring import progress_verbosity
 from keras_mogrifier.evaluation._stream_scoring import score_stream
+
+# Static scoring of a stateful `LanguageModel` in windows of many segments
+# (`scores_windows_whole`); `False` scores every segment in a call of its own.
+WHOLE_WINDOW = True
+# The most logits (float32) a static scoring call computes at once.
+WINDOW_LOGITS = 2**23
+
+
+def scores_windows_whole(model):
+    """Whether `model`'s losses on a window equal those on its segments in turn.
+
+    True for a stateful `LanguageModel`: its state carries from call to call
+    and nothing in it depends on where a call starts, so without adaptation
+    `K` segments scored one after the other are one window of `K · n`
+    tokens. A model the evaluator knows less about keeps a call per segment.
+    """
+    from keras_mogrifier.models.language_model import LanguageModel
+
+    return WHOLE_WINDOW and isinstance(model, LanguageModel) and model.stateful
 
 
 def run(
@@ -78,7 +98,40 @@ def run(
     # unless callbacks were given: they see the model after every
     # segment, so each segment is then a call of its own.
     per_call = 1 if callbacks else segments_per_call
-    if not adapt:
+    if not adapt and scores_windows_whole(model):
+        # Nothing changes the weights between segments: a call's `K`
+        # segments are one window of `K · n` tokens for a model whose state
+        # carries from call to call (the same steps, fewer calls), in
+        # windows of at most `WINDOW_LOGITS` logits.
+        forward = evaluator._step("forward", [])
+        rows = max(1, WINDOW_LOGITS // (batch_size * int(model.vocabulary_size)))
+
+        def window(array, start, stop):
+            # (K, batch, n) segments -> (batch, K·n) columns.
+            block = array[start:stop]
+            return ops.convert_to_tensor(
+                np.ascontiguousarray(block.transpose(1, 0, 2).reshape(block.shape[1], -1))
+            )
+
+        def score_segments(x, y, w, group, first):
+            count, batch, n = x.shape
+            per_window = max(1, rows // n)
+            losses = []
+            for start in range(0, count, per_window):
+                stop = min(count, start + per_window)
+                losses.append(
+                    checks.host_array(forward(window(x, start, stop), window(y, start, stop)))
+                    .reshape(batch, stop - start, n).transpose(1, 0, 2)
+                )
+            return np.concatenate(losses, axis=0)
+
+        results, token_losses = score_stream(
+            model, streams, batch_size, segment_length, score_segments,
+            callbacks=callbacks, verbose=verbose,
+            stop_on_divergence=stop_on_divergence, settings=settings,
+            segments_per_call=per_call,
+        )
+    elif not adapt:
         forward_loop = evaluator._step("forward_loop", [])
 
         def score_segments(x, y, w, group, first):

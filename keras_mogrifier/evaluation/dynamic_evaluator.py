@@ -305,7 +305,10 @@ class DynamicEvaluator(keras.callbacks.Callback):
             verbose: `"auto"`, 0, 1 or 2. Progress bar. Defaults to `"auto"`
                 (a bar on a terminal, none in a log or a pipe).
             adapt: bool. `False` scores the stream statically, with the same
-                segments and carried state, and needs no gradient statistics.
+                segments and carried state, and needs no gradient statistics;
+                a stateful `LanguageModel` then reads many segments per call
+                (windows of up to 64 segments and 2²³ logits: the same losses
+                to float rounding, 2–4× faster than a call per segment).
                 Defaults to `True`.
             return_token_losses: bool. Also return `token_losses`, a float32
                 array `(streams, time - 1)` of the loss of every predicted
