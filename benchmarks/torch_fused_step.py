@@ -10,7 +10,12 @@ to other processes on a shared machine):
 - static evaluation: `DynamicEvaluator.evaluate(..., adapt=False)` on 300
   tokens, batch 1, segments of 5, a 2 × 256 model over a 10k vocabulary;
 - a training step: `train_on_batch` on (32, 35) ids, input and output
-  dropout 0.3 (no state dropout: the fused step applies).
+  dropout 0.3, and state dropout `--state-dropout` (0 by default; the
+  fused step applies with it too since 2026-11-26).
+
+Cells: `lstm`, `rlstm`, and the Mogrifier cells with 5 rounds of rank 32
+(`mogrifier_lstm`, `mogrifier_rlstm`: fused since 2026-11-26), the
+`backends.py` settings.
 
 Medians of `--repeats` alternations; the losses of both paths are stored
 (they must be equal), and the ATen calls per token of one evaluation pass
@@ -29,11 +34,19 @@ import time
 
 import numpy as np
 
+CELLS = {
+    "lstm": {"cell": "lstm"},
+    "rlstm": {"cell": "rlstm"},
+    "mogrifier_lstm": {"cell": "mogrifier_lstm", "mogrifier_rounds": 5, "mogrifier_rank": 32},
+    "mogrifier_rlstm": {"cell": "mogrifier_rlstm", "mogrifier_rounds": 5, "mogrifier_rank": 32},
+}
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cells", nargs="+", default=["rlstm", "lstm"])
+    parser.add_argument("--cells", nargs="+", default=["rlstm", "lstm"], choices=list(CELLS))
+    parser.add_argument("--state-dropout", type=float, default=0.0)
     parser.add_argument("--json")
     args = parser.parse_args()
     import keras
@@ -50,10 +63,11 @@ def main():
     paths = {"fused": fused_step, "keras_ops": lambda *a: None}
     result = {"command": "python " + " ".join(sys.argv), "machine": platform.processor()
               or platform.machine(), "cpus": os.cpu_count(),
-              "load_average_before": list(os.getloadavg()), "torch_threads": 1, "rows": []}
+              "load_average_before": list(os.getloadavg()), "torch_threads": 1,
+              "state_dropout": args.state_dropout, "rows": []}
     for cell in args.cells:
         row = {"cell": cell}
-        model = LanguageModel(10000, units=256, num_layers=2, batch_size=1, cell=cell)
+        model = LanguageModel(10000, units=256, num_layers=2, batch_size=1, **CELLS[cell])
         model.build((1, 35))
         evaluator = DynamicEvaluator(model, segment_length=5)
         ids = np.random.RandomState(0).randint(0, 10000, size=301)
@@ -74,8 +88,9 @@ def main():
             row["aten_calls_per_token"][name] = sum(
                 e.count for e in prof.key_averages() if e.key.startswith("aten::")) / 100
         row["static_loss"] = losses
-        trained = LanguageModel(10000, units=256, num_layers=2, batch_size=32, cell=cell,
-                                input_dropout=0.3, output_dropout=0.3)
+        trained = LanguageModel(10000, units=256, num_layers=2, batch_size=32, **CELLS[cell],
+                                input_dropout=0.3, output_dropout=0.3,
+                                state_dropout=args.state_dropout)
         trained.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
             from_logits=True))
         x = np.random.RandomState(1).randint(0, 10000, size=(32, 35))

@@ -156,7 +156,8 @@ def recurrent_step(cell, weights, training, projected):
     `keras.ops`) unless the backend module offers
     `recurrent_step(cell, weights, training, projected)` and it returns a
     step `(x_t, states) -> (h, [h, c])` that computes the same thing
-    (PyTorch's, for the plain LSTM and RLSTM cells: see
+    (PyTorch's, for the LSTM and RLSTM cells with or without mogrifier
+    rounds and state dropout, without adaptation: see
     `keras_mogrifier/backend/torch.py`). On TensorFlow and JAX the step is
     traced once into a compiled loop, so `keras.ops` costs nothing per step.
     """

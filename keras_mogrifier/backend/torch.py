@@ -136,58 +136,117 @@ def rnn(
 
 
 def recurrent_step(cell, weights, training, projected):
-    """The time step of the package's plain cells in PyTorch's own operations.
+    """The time step of the package's cells in PyTorch's own operations.
 
     `CellRNN` runs the cell's `recurrent_step`, written in `keras.ops`; on
     PyTorch each of its operations goes through Keras's conversions and
     dtype checks (about 100 ATen calls per layer and step at batch 1,
     against the dozen the arithmetic needs), which dominates evaluation,
     dynamic evaluation and generation, where the steps are small. For an
-    `RLSTMCell` or a `MogrifierLSTMCell` without mogrifier rounds, without
-    adaptation, whose input projection was hoisted out of the loop and that
-    draws no state dropout mask in this call, this returns the same step —
-    the same operations in the same order, so the same numbers, gradients
-    included (autograd records them) — as `(z_x, states) -> (h, [h, c])`;
-    otherwise (or for a subclass that overrides `step`) `None`, and the
-    cell's own step runs.
+    `RLSTMCell` or a `MogrifierLSTMCell` — with or without mogrifier rounds,
+    with or without a state dropout mask (drawn, as by the cell's own step,
+    with `get_recurrent_dropout_mask` at the first step and reused) — without
+    adaptation, this returns the same step — the same operations in the same
+    order, so the same numbers, gradients included (autograd records them)
+    — as `(x, states) -> (h, [h, c])`, where `x` is the projected input when
+    the projection was hoisted out of the loop (`projected`), else the
+    (dropped-out) input; otherwise (adaptation, or a subclass that overrides
+    `step` or `recurrent_step`) `None`, and the cell's own step runs.
     """
+    from keras_mogrifier.layers.mogrified_cell import MogrifiedCell
     from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
     from keras_mogrifier.layers.rlstm_cell import RLSTMCell
 
+    rounds = weights["mogrifier"]
     if (
-        not projected
-        or weights["mogrifier"] is not None
-        or weights["adaptation"] is not None
-        or (training and cell.recurrent_dropout > 0.0)
+        weights["adaptation"] is not None
+        or type(cell).recurrent_step is not MogrifiedCell.recurrent_step
+        or (projected and rounds is not None)
     ):
         return None
+    masked = training and cell.recurrent_dropout > 0.0
+    doubled = weights["mogrifier_doubled"]
+    kernel = weights["kernel"]
     recurrent_kernel = weights["recurrent_kernel"]
+
+    def mogrify(x, h):
+        # `Mogrifier.mogrify`: round i gates x (odd i) or h (even i).
+        for i, (kernels, bias) in enumerate(rounds, start=1):
+            z = h if i % 2 == 1 else x
+            for matrix in kernels:
+                z = torch.matmul(z, matrix)
+            if bias is not None:
+                z = torch.add(z, bias)
+            if i % 2 == 1:
+                x = torch.sigmoid(z) * x
+                if doubled:
+                    x = x + x
+            else:
+                h = torch.sigmoid(z) * h
+                if doubled:
+                    h = h + h
+        return x, h
+
     if isinstance(cell, RLSTMCell) and type(cell).step is RLSTMCell.step:
+        units = cell.units
+        input_bias = weights["input_bias"]
         forget_kernel = weights["forget_kernel"]
         output_kernel = weights["output_kernel"]
         output_bias = weights["output_bias"]
 
-        def rlstm_step(z_x, states):
+        def project(x):
+            # `RLSTMCell.project_input`.
+            z_x = torch.matmul(x, kernel)
+            if z_x.shape[-1] == 2 * units:
+                z_x = torch.nn.functional.pad(z_x, (0, units))
+            if input_bias is not None:
+                z_x = torch.add(z_x, input_bias)
+            return z_x
+
+        def rlstm_step(x, states):
             h_prev, c_prev = states[0], states[1]
-            z = z_x + torch.matmul(h_prev, recurrent_kernel)
+            state_mask = None
+            if masked:
+                state_mask = cell.get_recurrent_dropout_mask(h_prev)
+                h_prev = h_prev * state_mask
+            if projected:
+                z_x = x
+            else:
+                if rounds is not None:
+                    x, h_prev = mogrify(x, h_prev)
+                z_x = project(x)
+            z = torch.add(z_x, torch.matmul(h_prev, recurrent_kernel))
             z_i, z_j, z_f = torch.chunk(z, 3, dim=-1)
             i = torch.sigmoid(z_i)
             j = torch.tanh(z_j)
-            f = torch.sigmoid(z_f + torch.matmul(i * j, forget_kernel))
+            f = torch.sigmoid(torch.add(z_f, torch.matmul(i * j, forget_kernel)))
             c = f * c_prev + torch.minimum(i, 1.0 - f) * j
-            z_o = torch.matmul(c, output_kernel)
+            c_seen = c if state_mask is None else c * state_mask
+            z_o = torch.matmul(c_seen, output_kernel)
             if output_bias is not None:
-                z_o = z_o + output_bias
+                z_o = torch.add(z_o, output_bias)
             h = torch.sigmoid(z_o) * torch.tanh(c)
             return h, [h, c]
 
         return rlstm_step
     if isinstance(cell, MogrifierLSTMCell) and type(cell).step is MogrifierLSTMCell.step:
         capped = cell.capped_input_gate
+        bias = weights["bias"]
 
-        def lstm_step(z_x, states):
+        def lstm_step(x, states):
             h_prev, c_prev = states[0], states[1]
-            z = z_x + torch.matmul(h_prev, recurrent_kernel)
+            if masked:
+                h_prev = h_prev * cell.get_recurrent_dropout_mask(h_prev)
+            if projected:
+                z_x = x
+            else:
+                if rounds is not None:
+                    x, h_prev = mogrify(x, h_prev)
+                # `MogrifierLSTMCell.project_input`.
+                z_x = torch.matmul(x, kernel)
+                if bias is not None:
+                    z_x = torch.add(z_x, bias)
+            z = torch.add(z_x, torch.matmul(h_prev, recurrent_kernel))
             z_i, z_f, z_j, z_o = torch.chunk(z, 4, dim=-1)
             f = torch.sigmoid(z_f)
             i = torch.sigmoid(torch.minimum(z_i, -z_f) if capped else z_i)

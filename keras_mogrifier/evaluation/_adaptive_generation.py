@@ -1,15 +1,63 @@
-"""Sampling the continuation of a document while adapting (Krause et al. §7.4)."""
+"""Adaptive generation (Krause et al. §7.4): a model adapted to a document,
+and sampling the document's continuation while adapting.
 
+`adapt_to` is `DynamicEvaluator.adapt_to` and `continue_document` is
+`DynamicEvaluator.generate` (see there).
+"""
+
+import contextlib
 import numbers
 
 import numpy as np
 from keras import ops
 
 from keras_mogrifier import samplers as samplers_lib
+from keras_mogrifier.evaluation import _dynamic_checks as checks
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.generation import text as text_lib
 from keras_mogrifier.generation.decoder import decoder_for
 from keras_mogrifier.generation.generate import stop_ids
+
+
+@contextlib.contextmanager
+def adapt_to(evaluator, document, vocabulary, verbose):
+    """`DynamicEvaluator.adapt_to`: see there."""
+    model = evaluator._require_model()
+    vocab = None
+    if isinstance(document, str):
+        vocab = text_lib.resolve_vocabulary(model, vocabulary)
+        if vocab is None:
+            raise ValueError(
+                "Expected a vocabulary to read a text `document`: build "
+                "the model with `vocabulary=` or pass `vocabulary=`. "
+                "Received: a string and no vocabulary"
+            )
+        document = text_lib.encode(vocab, document, where="document")
+    streams = checks.as_streams(document, "document", evaluator._vocabulary_limit(model))
+    if streams.shape[0] != 1:
+        raise ValueError(
+            "Expected one document (a 1-D stream of token ids). Received: "
+            f"{streams.shape[0]} streams"
+        )
+    variables = evaluator.adapted_variables()
+    theta_g = _recurrent_state.snapshot(variables)
+    states = _recurrent_state.state_variables(model)
+    saved_states = _recurrent_state.snapshot(states)
+    documents = evaluator._adapted_documents
+    depth = len(documents)
+    try:
+        evaluator.adaptation_results = evaluator._evaluate(
+            streams, None, None, verbose, True, False, True, keep_adapted=True
+        )
+        documents.append(
+            {"ids": streams[0], "prior": theta_g, "variables": variables,
+             "vocabulary": vocab}
+        )
+        yield model
+    finally:
+        del documents[depth:]
+        _recurrent_state.assign(variables, theta_g)
+        _recurrent_state.assign(states, saved_states)
 
 
 def continue_document(

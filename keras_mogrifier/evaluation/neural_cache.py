@@ -8,6 +8,7 @@ from keras import ops
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.backend import sparse_crossentropy
+from keras_mogrifier.evaluation import _dynamic_checks
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation._stream_scoring import safe_exp
 from keras_mogrifier.evaluation._stream_scoring import progress_verbosity
@@ -306,16 +307,12 @@ class NeuralCache:
     # === Internals ===
 
     def _check(self, x, batch_size, verbose, callbacks):
-        from keras_mogrifier.evaluation.dynamic_evaluator import _as_streams
-        from keras_mogrifier.evaluation.dynamic_evaluator import _check_callbacks
-        from keras_mogrifier.evaluation.dynamic_evaluator import _check_verbose
-
-        _check_verbose(verbose)
+        _dynamic_checks.check_verbose(verbose)
         verbose = progress_verbosity(verbose)
-        callbacks = _check_callbacks(callbacks)
+        callbacks = _dynamic_checks.check_callbacks(callbacks)
         batch_size = _validation.optional_positive_int("batch_size", batch_size) or 1
         limit = getattr(self.model, "vocabulary_size", None)
-        streams = _as_streams(x, "x", limit)
+        streams = _dynamic_checks.as_streams(x, "x", limit)
         message = _recurrent_state.batch_size_error(self.model, batch_size, "`batch_size`")
         if message:
             raise ValueError(message)

@@ -21,6 +21,14 @@ CELLS = [
     lambda: km.RLSTMCell(N, seed=1),
     lambda: km.MogrifierLSTMCell(N, mogrifier_rounds=0, seed=1),
     lambda: km.MogrifierLSTMCell(N, mogrifier_rounds=0, capped_input_gate=False, seed=1),
+    # Mogrified input (the projection at every step), low-rank and full rounds.
+    lambda: km.RLSTMCell(N, mogrifier_rounds=3, mogrifier_rank=2, seed=1),
+    lambda: km.MogrifierLSTMCell(N, mogrifier_rounds=4, seed=1),
+    # A state dropout mask (drawn at the first step and reused), with and
+    # without the mogrifier; input dropout too.
+    lambda: km.RLSTMCell(N, recurrent_dropout=0.3, dropout=0.2, seed=1),
+    lambda: km.MogrifierLSTMCell(N, mogrifier_rounds=2, recurrent_dropout=0.3, seed=1),
+    lambda: km.RLSTMCell(N, mogrifier_rounds=2, recurrent_dropout=0.3, use_bias=False, seed=1),
 ]
 TORCH = keras.backend.backend() == "torch"
 
@@ -37,7 +45,6 @@ def _xs():
 
 @pytest.mark.parametrize("make_cell", CELLS)
 def test_the_backend_step_runs_on_pytorch_only_and_changes_no_number(make_cell, monkeypatch):
-    layer = _layer(make_cell)
     used = []
     own = backend.recurrent_step
 
@@ -47,12 +54,17 @@ def test_the_backend_step_runs_on_pytorch_only_and_changes_no_number(make_cell, 
         return step
 
     monkeypatch.setattr(backend, "recurrent_step", spy)
-    fused = [to_numpy(t) for t in layer(_xs())]
-    assert used and all(u == TORCH for u in used)
-    monkeypatch.setattr(backend, "recurrent_step", lambda *args: None)
-    plain = [to_numpy(t) for t in layer(_xs())]
-    for a, b in zip(fused, plain):
-        np.testing.assert_array_equal(a, b)  # the same operations in the same order
+    for training in (False, True):
+        # Two layers built alike: the same weights and the same dropout masks.
+        keras.utils.set_random_seed(5)
+        fused = [to_numpy(t) for t in _layer(make_cell)(_xs(), training=training)]
+        assert used and all(u == TORCH for u in used)
+        with monkeypatch.context() as plain_step:
+            plain_step.setattr(backend, "recurrent_step", lambda *args: None)
+            keras.utils.set_random_seed(5)
+            plain = [to_numpy(t) for t in _layer(make_cell)(_xs(), training=training)]
+        for a, b in zip(fused, plain):
+            np.testing.assert_array_equal(a, b)  # the same operations in the same order
 
 
 @pytest.mark.parametrize("make_cell", CELLS)
@@ -83,11 +95,17 @@ class _OwnStep(km.RLSTMCell):
         return 2.0 * h, c
 
 
+class _OwnRecurrentStep(km.MogrifierLSTMCell):
+    def recurrent_step(self, weights, x, states, training, projected=False):
+        h, states = super().recurrent_step(weights, x, states, training, projected)
+        return 2.0 * h, states
+
+
 @pytest.mark.parametrize("make_cell, training, projected", [
-    (lambda: km.RLSTMCell(N, mogrifier_rounds=2), False, False),  # mogrified input
-    (lambda: km.RLSTMCell(N, recurrent_dropout=0.3), True, True),  # a state mask drawn
     (lambda: _OwnStep(N), False, True),  # a subclass with its own step
-    (lambda: km.RLSTMCell(N), False, False),  # input not projected before the loop
+    (lambda: _OwnRecurrentStep(N), False, True),  # ... or its own recurrent step
+    (lambda: km.RLSTMCell(N, adaptation_units=3), False, True),  # adaptation
+    (lambda: km.MogrifierLSTMCell(N, adaptation_units=2, mogrifier_rounds=2), True, False),
 ])
 def test_the_backend_step_stands_aside(make_cell, training, projected):
     cell = make_cell()
@@ -103,9 +121,11 @@ def test_a_subclass_step_is_what_runs():
     )
 
 
-def test_pytorch_fuses_the_plain_cells_and_no_other_backend_has_a_step():
+def test_pytorch_fuses_the_cells_and_no_other_backend_has_a_step():
     for make_cell in CELLS:
         cell = make_cell()
         cell.build((B, M))
-        step = backend.recurrent_step(cell, cell.step_weights(True), True, True)
+        step = backend.recurrent_step(
+            cell, cell.step_weights(True), True, cell.hoists_input_projection
+        )
         assert (step is not None) == TORCH

@@ -1,0 +1,141 @@
+"""Static scoring in windows of many segments against a call per segment (issue 29).
+
+`DynamicEvaluator.evaluate(..., adapt=False)` on a stateful `LanguageModel`
+scores a call's segments as one window (one model call of up to 64 × n
+tokens); before, each segment of n tokens was a call of its own inside the
+compiled loop. This script times both paths in one process, interleaved
+(the module switch `_dynamic_pass.WHOLE_WINDOW`), on each backend in its
+own process, one after the other: the `backends.py` setting (2 × 256 units,
+V = 10k, batch 1, segments of 5, 1,500 tokens of Zipf-like ids), for each
+cell of `--cells`. It reports the median wall and CPU milliseconds per token
+of `--repeats` passes of each path, their ratio, and the largest difference
+between the two paths' token losses.
+
+    python benchmarks/static_windows.py                  # all backends, quiet machine
+    python benchmarks/static_windows.py --backends torch --cells rlstm --repeats 3
+
+Measure on a quiet machine: the load average before and after each backend
+is stored with the results (`benchmarks/results/static_windows.json`).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BACKENDS = ("tensorflow", "jax", "torch")
+CELLS = {
+    "lstm": {"cell": "lstm"},
+    "rlstm": {"cell": "rlstm"},
+    "mogrifier_rlstm": {"cell": "mogrifier_rlstm", "mogrifier_rounds": 5, "mogrifier_rank": 32},
+}
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def worker(args):
+    import keras
+    import numpy as np
+
+    from keras_mogrifier import DynamicEvaluator
+    from keras_mogrifier import LanguageModel
+    from keras_mogrifier.evaluation import _dynamic_pass
+
+    rng = np.random.default_rng(0)
+    stream = (rng.zipf(1.2, size=args.tokens + 1) % args.vocabulary).astype("int32")
+    rows = []
+    for name in args.cells:
+        keras.utils.set_random_seed(0)
+        model = LanguageModel(
+            args.vocabulary, units=args.units, num_layers=2, batch_size=1, **CELLS[name]
+        )
+        model.build((1, 5))
+        evaluator = DynamicEvaluator(model, segment_length=5)
+        losses, times = {}, {False: [], True: []}
+        for whole in (False, True):  # warm-up: builds every call length
+            _dynamic_pass.WHOLE_WINDOW = whole
+            losses[whole] = evaluator.evaluate(
+                stream, adapt=False, verbose=0, return_token_losses=True
+            )["token_losses"]
+        for _ in range(args.repeats):
+            for whole in (False, True):
+                _dynamic_pass.WHOLE_WINDOW = whole
+                wall, cpu = time.perf_counter(), time.process_time()
+                evaluator.evaluate(stream, adapt=False, verbose=0)
+                times[whole].append(
+                    (time.perf_counter() - wall, time.process_time() - cpu)
+                )
+        _dynamic_pass.WHOLE_WINDOW = True
+        row = {"cell": name}
+        for whole, key in ((False, "segments"), (True, "windows")):
+            row[f"{key}_ms_per_token"] = 1000 * statistics.median(
+                t[0] for t in times[whole]
+            ) / args.tokens
+            row[f"{key}_cpu_ms_per_token"] = 1000 * statistics.median(
+                t[1] for t in times[whole]
+            ) / args.tokens
+            row[f"{key}_ms_per_token_all"] = [1000 * t[0] / args.tokens for t in times[whole]]
+        row["windows_over_segments"] = row["windows_ms_per_token"] / row["segments_ms_per_token"]
+        row["max_abs_loss_difference"] = float(np.max(np.abs(losses[True] - losses[False])))
+        rows.append(row)
+        print(f"{keras.backend.backend()} {name}: {row['segments_ms_per_token']:.3f} -> "
+              f"{row['windows_ms_per_token']:.3f} ms/token", flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    parser.add_argument("--units", type=int, default=256)
+    parser.add_argument("--vocabulary", type=int, default=10_000)
+    parser.add_argument("--tokens", type=int, default=1500)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=os.path.join(RESULTS, "static_windows.json"))
+    parser.add_argument("--worker-output", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker_output:
+        with open(args.worker_output, "w") as f:
+            json.dump(worker(args), f)
+        return
+    results = {"command": "python " + " ".join(sys.argv), "backends": {}}
+    for backend in args.backends:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            before = os.getloadavg()
+            argv = [a for a in sys.argv[1:]]
+            subprocess.run(
+                [sys.executable, os.path.abspath(__file__), *argv,
+                 "--backends", backend, "--worker-output", out.name],
+                env={**os.environ, "KERAS_BACKEND": backend}, check=True,
+            )
+            with open(out.name) as f:
+                rows = json.load(f)
+        results["backends"][backend] = {
+            "load_average_before": before, "load_average_after": os.getloadavg(),
+            "rows": rows,
+        }
+    print("| cell | backend | a call per segment (ms/token) | windows (ms/token) | "
+          "windows / segments | CPU ms/token (segments → windows) | max |Δ loss| |")
+    print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
+    for cell in args.cells:
+        for backend, result in results["backends"].items():
+            for row in result["rows"]:
+                if row["cell"] == cell:
+                    print(f"| {cell} | {backend} | {row['segments_ms_per_token']:.3f} | "
+                          f"{row['windows_ms_per_token']:.3f} | "
+                          f"{row['windows_over_segments']:.2f} | "
+                          f"{row['segments_cpu_ms_per_token']:.3f} → "
+                          f"{row['windows_cpu_ms_per_token']:.3f} | "
+                          f"{row['max_abs_loss_difference']:.1e} |")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
