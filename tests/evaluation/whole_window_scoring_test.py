@@ -12,6 +12,7 @@ pass of the model over the whole stream, and check where each path is taken.
 import keras
 import numpy as np
 import pytest
+from segment_loop_test import CountCalls
 from testing import to_numpy
 
 from keras_mogrifier.evaluation import DynamicEvaluator
@@ -36,25 +37,6 @@ def model_for(cell, batch=1, stateful=True, **options):
     for v in model.trainable_variables:
         v.assign(rng.normal(0.0, 0.6, v.shape).astype("float32"))
     return model
-
-
-class CountCalls:
-    """Counts the calls of the evaluator's compiled functions by kind."""
-
-    def __init__(self, evaluator):
-        self.calls = {}
-        original = evaluator._step
-
-        def step(kind, *args, **kwargs):
-            built = original(kind, *args, **kwargs)
-
-            def counted(*a, **k):
-                self.calls[kind] = self.calls.get(kind, 0) + 1
-                return built(*a, **k)
-
-            return counted
-
-        evaluator._step = step
 
 
 def one_pass_losses(model, stream):
