@@ -44,3 +44,25 @@ def test_progress_bars_only_on_a_terminal(capsys):
     # Asked for, a bar is drawn even into a pipe.
     evaluator.evaluate(np.arange(40) % 5, verbose=1)
     assert "step" in capsys.readouterr().out
+
+
+def test_what_auto_jit_compile_means_on_each_backend():
+    """`jit_compile="auto"`: XLA for calls of many steps wherever XLA can run
+    them (TensorFlow on CPU too: the evaluator's loops), not for
+    generation's one-token calls on a CPU (XLA's fixed cost per call is
+    larger than what it saves there); JAX always compiles, PyTorch never."""
+    import keras
+
+    model = LanguageModel(5, units=4, num_layers=1, batch_size=1)
+    model.build((1, None))
+    seam = backend.get_backend_module()
+    name = keras.backend.backend()
+    many = {"tensorflow": True, "jax": True, "torch": False}[name]
+    one = {"tensorflow": False, "jax": True, "torch": False}[name]
+    assert seam.default_jit_compile(model) is many
+    assert seam.default_jit_compile(model, many_steps=False) is one
+    evaluator = DynamicEvaluator(model)
+    evaluator.evaluate(np.arange(8) % 5, adapt=False, verbose=0)
+    assert next(iter(evaluator._steps._built))[2] is many
+    model.layers[-1].supports_jit = False  # e.g. Keras's cuDNN LSTM on TensorFlow
+    assert seam.default_jit_compile(model) is (name == "jax")

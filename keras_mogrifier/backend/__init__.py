@@ -8,7 +8,9 @@ outside `fit`: TensorFlow traces it with `tf.function` and a
 (`jax.jit`, `jax.value_and_grad`), PyTorch runs eagerly with autograd.
 Each backend module implements the same functions:
 
-- `default_jit_compile(model) -> bool`: what `jit_compile="auto"` means.
+- `default_jit_compile(model, many_steps=True) -> bool`: what
+  `jit_compile="auto"` means for a compiled call of many steps (a window,
+  a loop of segments) or, with `many_steps=False`, of one step (a token).
 - `function(fn, jit_compile)`: compiles `fn`, a pure function of (nested
   lists of) tensors with no model inside, e.g. an update rule.
 - `model_function(model, fn, jit_compile)`: compiles `fn(*tensors)`, which
@@ -27,12 +29,15 @@ Each backend module implements the same functions:
   previous one assigned (the carried state), and `outputs` stacks the
   iterations' outputs. Many segments of a stream per call.
 - `model_adaptation_loop(model, variables, objective, update,
-  jit_compile)`: returns `adapt(constants, *sequences) -> outputs`: for
-  every index in order, `objective(*slices) -> (value, aux)` and the
-  gradients of `value` with respect to `variables`, then
+  jit_compile, update_rule=None)`: returns `adapt(constants, *sequences)
+  -> outputs`: for every index in order, `objective(*slices) -> (value,
+  aux)` and the gradients of `value` with respect to `variables`, then
   `update(values, gradients, *constants) -> new values` assigned to
   `variables`, in one call; `outputs` stacks the `aux` of every index.
-  Dynamic evaluation of many segments per call.
+  Dynamic evaluation of many segments per call. `update_rule` names the
+  rule `update` is, with `constants = (θ_g, RMS, hyperparameters)`: a
+  backend may run its own fused form of it (PyTorch: in place,
+  `in_place_update`; XLA fuses `update` as it is).
 - `sync_training_state(model)`: makes the model's variables hold the
   current training state inside `fit` (JAX keeps it outside the variables
   between steps), so that a callback can read or change them; the next

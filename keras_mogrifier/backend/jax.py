@@ -23,8 +23,8 @@ from keras_mogrifier.backend._shared import trainer_variables
 from keras_mogrifier.backend._variables import model_state
 
 
-def default_jit_compile(model):
-    del model
+def default_jit_compile(model, many_steps=True):
+    del model, many_steps
     return True
 
 
@@ -174,7 +174,10 @@ def model_loop(model, fn, jit_compile):
     return run
 
 
-def model_adaptation_loop(model, variables, objective, update, jit_compile):
+def model_adaptation_loop(
+    model, variables, objective, update, jit_compile, update_rule=None
+):
+    del update_rule  # XLA fuses `update` itself
     del jit_compile
     all_variables = []
     positions = []

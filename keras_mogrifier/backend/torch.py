@@ -22,8 +22,8 @@ from keras_mogrifier.backend._shared import patched
 from keras_mogrifier.backend._variables import model_state
 
 
-def default_jit_compile(model):
-    del model
+def default_jit_compile(model, many_steps=True):
+    del model, many_steps
     return False
 
 
@@ -285,22 +285,86 @@ def model_loop(model, fn, jit_compile):
     return run
 
 
-def model_adaptation_loop(model, variables, objective, update, jit_compile):
+def in_place_update(update_rule):
+    """The update rule `update_rule` as PyTorch's fused in-place operations.
+
+    Returns `apply(variables, theta_g, rms, hyperparameters) -> step`, where
+    `step(gradients)` updates every variable's tensor in place, or `None` for
+    a rule it does not know. Written as `update_rules` writes the rule, evaluated
+    eagerly, every elementwise operation is a pass over every adapted weight
+    (the tied 10k × 256 table is 10 MB): about ten passes and a copy into
+    the variable per segment. Here the terms that do not change during a
+    call (`RMS + ε`, the decay `min(1, λ · RMS / mean(RMS))`) are computed
+    once per call and each segment's update is two passes, in place:
+    `θ.lerp_(θ_g, decay)` (`θ + decay · (θ_g − θ)`) then
+    `θ.addcdiv_(g, RMS + ε, value=-η)` — the same rule (both terms read θ
+    before the step), rounded differently (to float32 rounding of the
+    `keras.ops` form; `tests/evaluation/update_rules_test.py`).
+    """
+    if update_rule not in ("sgd", "rms_global_prior", "rms_rms_prior"):
+        return None
+
+    def apply(variables, theta_g, rms, hyperparameters):
+        learning_rate, epsilon, decay_rate, mean_rms = (
+            float(h) for h in hyperparameters.detach().cpu().tolist()
+        )
+        with torch.no_grad():
+            targets = [v.value for v in variables]
+            invariants = []
+            for theta, r in zip(targets, rms):
+                r = r.to(theta.dtype)
+                if update_rule == "rms_rms_prior":
+                    decay = torch.minimum(
+                        torch.ones((), dtype=theta.dtype, device=theta.device),
+                        decay_rate * r / mean_rms,
+                    )
+                else:
+                    decay = decay_rate
+                scale = None if update_rule == "sgd" else r + epsilon
+                invariants.append((decay, scale))
+
+            def step(gradients):
+                for theta, g, tg, (decay, scale) in zip(
+                    targets, gradients, theta_g, invariants
+                ):
+                    g = g.to(theta.dtype)
+                    theta.lerp_(tg.to(theta.dtype), decay)
+                    if scale is None:
+                        theta.add_(g, alpha=-learning_rate)
+                    else:
+                        theta.addcdiv_(g, scale, value=-learning_rate)
+
+        return step
+
+    return apply
+
+
+def model_adaptation_loop(
+    model, variables, objective, update, jit_compile, update_rule=None
+):
     """Gradient, update and assignment per index, in a Python loop.
 
-    The update runs under `torch.no_grad()` and is copied into the
-    variables in place; nothing is read back to the host in the loop.
+    The update runs under `torch.no_grad()`; a rule `in_place_update` knows
+    updates the variables' tensors in place, any other is copied into the
+    variables. Nothing is read back to the host in the loop.
     """
     gradients_of = model_gradients(model, variables, objective, jit_compile)
+    fused = in_place_update(update_rule)
 
     def adapt(constants, *sequences):
         outputs = []
+        step = fused(variables, *constants) if fused is not None else None
         for k in range(int(sequences[0].shape[0])):
             aux, gradients = gradients_of(*[s[k] for s in sequences])
             with torch.no_grad():
-                values = [v.value for v in variables]
-                for variable, value in zip(variables, update(values, gradients, *constants)):
-                    variable.assign(value)
+                if step is not None:
+                    step(gradients)
+                else:
+                    values = [v.value for v in variables]
+                    for variable, value in zip(
+                        variables, update(values, gradients, *constants)
+                    ):
+                        variable.assign(value)
             outputs.append(aux)
         return _stacked(outputs)
 

@@ -84,7 +84,9 @@ class CompiledSteps:
                     for t, g, tg, r in zip(thetas, gradients, theta_g, rms)
                 ]
 
-            built = backend.model_adaptation_loop(model, variables, objective, update, jit)
+            built = backend.model_adaptation_loop(
+                model, variables, objective, update, jit, update_rule=update_rule
+            )
         else:
             flags = tuple(per_stream)
 

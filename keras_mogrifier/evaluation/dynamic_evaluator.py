@@ -109,7 +109,8 @@ class DynamicEvaluator(keras.callbacks.Callback):
             (`model.vocabulary_size`, its output shape and its `Embedding`
             layers).
         jit_compile: bool or `"auto"`. Compile the steps with XLA. Defaults to
-            `"auto"`: when a GPU is visible and every layer supports XLA.
+            `"auto"`: whenever every layer supports XLA (JAX always compiles;
+            PyTorch runs eagerly).
         validation_data: 1-D or `(streams, time)` token ids or `None`. The
             stream evaluated in `fit`. Defaults to `None`.
         gradient_data: the `data` of `collect_gradient_statistics` used in

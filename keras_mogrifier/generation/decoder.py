@@ -78,7 +78,7 @@ class Decoder:
         self.model = model
         backend = get_backend_module()
         if jit_compile == "auto":
-            jit_compile = backend.default_jit_compile(model)
+            jit_compile = backend.default_jit_compile(model, many_steps=False)
         self.jit_compile = bool(jit_compile)
         self._backend = backend
         self._read = backend.model_function(model, self._read_fn, self.jit_compile)

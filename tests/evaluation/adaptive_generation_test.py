@@ -86,8 +86,11 @@ def test_adapted_weights_and_state_are_what_evaluate_reaches_and_are_restored(tr
     before, states = _values(model.variables), _values(model.recurrent_state_variables)
     with evaluator.adapt_to(DOCUMENT) as adapted:
         assert adapted is model
+        # Two compiled programmes (a call per segment, with the callback,
+        # and `adapt_to`'s calls of many): the same steps, rounded apart
+        # under XLA.
         for v, expected in zip(model.trainable_variables, capture.after_segment[-1]):
-            np.testing.assert_allclose(to_numpy(v), expected, rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(to_numpy(v), expected, rtol=1e-6, atol=1e-6)
         assert evaluator.adaptation_results["loss"] == pytest.approx(evaluated["loss"], rel=1e-6)
         # Row 0 of the carried state is the document's (all but its last
         # token read), the other rows start from zero.

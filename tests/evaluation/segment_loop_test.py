@@ -116,7 +116,7 @@ def test_static_scoring_in_calls_of_several_segments_is_one_pass(per_call):
 
 
 @pytest.mark.parametrize("decay_rate", [0.0, 0.3])
-def test_zero_learning_rate_is_exactly_static_in_calls_of_several_segments(
+def test_zero_learning_rate_is_static_in_calls_of_several_segments(
     decay_rate, per_call
 ):
     model = lstm_model()
@@ -126,7 +126,10 @@ def test_zero_learning_rate_is_exactly_static_in_calls_of_several_segments(
     per_call(4)  # 10 segments: calls of 4, 4 and 2
     dynamic = ev.evaluate(stream, verbose=0, return_token_losses=True)
     static = ev.evaluate(stream, verbose=0, adapt=False, return_token_losses=True)
-    np.testing.assert_array_equal(dynamic["token_losses"], static["token_losses"])
+    # Different compiled programmes: XLA may round them apart by an ulp.
+    np.testing.assert_allclose(
+        dynamic["token_losses"], static["token_losses"], rtol=1e-6, atol=0
+    )
 
 
 def test_streams_in_calls_of_several_segments_each_start_from_the_trained_weights(per_call):

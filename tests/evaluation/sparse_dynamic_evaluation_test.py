@@ -77,7 +77,10 @@ def test_zero_learning_rate_sparse_is_static():
     stream = np.random.default_rng(1).integers(0, VOCAB, 17)
     dynamic = ev.evaluate(stream, verbose=0, return_token_losses=True)
     static = ev.evaluate(stream, adapt=False, verbose=0, return_token_losses=True)
-    np.testing.assert_array_equal(dynamic["token_losses"], static["token_losses"])
+    # Different compiled programmes: XLA may round them apart by an ulp.
+    np.testing.assert_allclose(
+        dynamic["token_losses"], static["token_losses"], rtol=1e-6, atol=0
+    )
 
 
 def test_per_stream_statistics_equal_shared_matrix_statistics():

@@ -1,0 +1,169 @@
+"""TensorFlow's XLA evaluator and PyTorch's in-place update, each against its former path (issue 29).
+
+Two changes to the evaluator's compiled steps, each timed against the path
+it replaced, in one process per backend, interleaved:
+
+- TensorFlow: `jit_compile="auto"` now compiles the evaluator's loops with
+  XLA on CPU too (`backend.tensorflow.default_jit_compile`); before, only
+  with a GPU. Former path: `DynamicEvaluator(..., jit_compile=False)`.
+- PyTorch: the update rule runs as two fused in-place operations per
+  adapted variable (`backend.torch.in_place_update`); before, the
+  `keras.ops` rule ran eagerly, about ten passes over every weight and a
+  copy. Former path: the same evaluator with `in_place_update` switched off.
+
+JAX, unchanged, is timed beside them as the reference. The setting is
+`backends.py`'s: a 2 × 256 `LanguageModel`, V = 10k, batch 1, segments of
+5, 1,500 tokens of Zipf-like ids, the default rule (`rms_rms_prior`) with
+gradient statistics from the same stream. Reported: median wall and CPU
+milliseconds per token of static (`adapt=False`) and dynamic evaluation,
+former and new path, and the largest difference of their token losses.
+
+    python benchmarks/evaluator_paths.py        # quiet machine; ~6 minutes
+    python benchmarks/evaluator_paths.py --backends torch --cells rlstm --repeats 1
+
+Measure on a quiet machine: the load average before and after each backend
+is stored with the results (`benchmarks/results/evaluator_paths.json`).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BACKENDS = ("tensorflow", "jax", "torch")
+CELLS = {
+    "rlstm": {"cell": "rlstm"},
+    "mogrifier_rlstm": {"cell": "mogrifier_rlstm", "mogrifier_rounds": 5, "mogrifier_rank": 32},
+}
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def worker(args):
+    import keras
+    import numpy as np
+
+    from keras_mogrifier import DynamicEvaluator
+    from keras_mogrifier import LanguageModel
+
+    backend = keras.backend.backend()
+    rng = np.random.default_rng(0)
+    stream = (rng.zipf(1.2, size=args.tokens + 1) % args.vocabulary).astype("int32")
+    rows = []
+    for name in args.cells:
+        keras.utils.set_random_seed(0)
+        model = LanguageModel(
+            args.vocabulary, units=args.units, num_layers=2, batch_size=1, **CELLS[name]
+        )
+        model.build((1, 5))
+        evaluators = {}
+        for path in ("former", "new"):
+            jit = False if (backend == "tensorflow" and path == "former") else "auto"
+            evaluators[path] = DynamicEvaluator(model, segment_length=5, jit_compile=jit)
+            evaluators[path].collect_gradient_statistics(stream, batch_size=1)
+
+        def run(path, adapt, **kwargs):
+            if backend != "torch" or path == "new":
+                return evaluators[path].evaluate(stream, adapt=adapt, verbose=0, **kwargs)
+            from keras_mogrifier.backend import torch as torch_backend
+
+            original = torch_backend.in_place_update
+            torch_backend.in_place_update = lambda update_rule: None
+            try:  # the former path: the `keras.ops` rule, copied in
+                return evaluators[path].evaluate(stream, adapt=adapt, verbose=0, **kwargs)
+            finally:
+                torch_backend.in_place_update = original
+
+        losses, times = {}, {}
+        for path in ("former", "new"):  # warm-up: builds every call length
+            for adapt in (False, True):
+                losses[path, adapt] = run(path, adapt, return_token_losses=True)["token_losses"]
+                times[path, adapt] = []
+        for _ in range(args.repeats):
+            for adapt in (False, True):
+                for path in ("former", "new"):
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    run(path, adapt)
+                    times[path, adapt].append(
+                        (time.perf_counter() - wall, time.process_time() - cpu)
+                    )
+        row = {"cell": name}
+        for path in ("former", "new"):
+            for adapt, kind in ((False, "static"), (True, "dynamic")):
+                spans = times[path, adapt]
+                row[f"{path}_{kind}_ms_per_token"] = 1000 * statistics.median(
+                    t[0] for t in spans) / args.tokens
+                row[f"{path}_{kind}_cpu_ms_per_token"] = 1000 * statistics.median(
+                    t[1] for t in spans) / args.tokens
+            row[f"{path}_dynamic_over_static"] = (
+                row[f"{path}_dynamic_ms_per_token"] / row[f"{path}_static_ms_per_token"]
+            )
+        for adapt, kind in ((False, "static"), (True, "dynamic")):
+            row[f"{kind}_max_abs_loss_difference"] = float(
+                np.max(np.abs(losses["former", adapt] - losses["new", adapt]))
+            )
+        rows.append(row)
+        print(f"{backend} {name}: static {row['former_static_ms_per_token']:.3f} -> "
+              f"{row['new_static_ms_per_token']:.3f}, dynamic "
+              f"{row['former_dynamic_ms_per_token']:.3f} -> "
+              f"{row['new_dynamic_ms_per_token']:.3f} ms/token", flush=True)
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    parser.add_argument("--units", type=int, default=256)
+    parser.add_argument("--vocabulary", type=int, default=10_000)
+    parser.add_argument("--tokens", type=int, default=1500)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--json", default=os.path.join(RESULTS, "evaluator_paths.json"))
+    parser.add_argument("--worker-output", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker_output:
+        with open(args.worker_output, "w") as f:
+            json.dump(worker(args), f)
+        return
+    results = {"command": "python " + " ".join(sys.argv), "backends": {}}
+    for backend in args.backends:
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            before = os.getloadavg()
+            subprocess.run(
+                [sys.executable, os.path.abspath(__file__), *sys.argv[1:],
+                 "--backends", backend, "--worker-output", out.name],
+                env={**os.environ, "KERAS_BACKEND": backend}, check=True,
+            )
+            with open(out.name) as f:
+                rows = json.load(f)
+        results["backends"][backend] = {
+            "load_average_before": before, "load_average_after": os.getloadavg(),
+            "rows": rows,
+        }
+    print("| cell | backend | static, former → new (ms/token) | dynamic, former → new "
+          "(ms/token) | dynamic / static, former → new | max |Δ loss| static, dynamic |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for cell in args.cells:
+        for backend, result in results["backends"].items():
+            for row in result["rows"]:
+                if row["cell"] == cell:
+                    print(f"| {cell} | {backend} | {row['former_static_ms_per_token']:.3f} → "
+                          f"{row['new_static_ms_per_token']:.3f} | "
+                          f"{row['former_dynamic_ms_per_token']:.2f} → "
+                          f"{row['new_dynamic_ms_per_token']:.2f} | "
+                          f"{row['former_dynamic_over_static']:.1f} → "
+                          f"{row['new_dynamic_over_static']:.1f} | "
+                          f"{row['static_max_abs_loss_difference']:.1e}, "
+                          f"{row['dynamic_max_abs_loss_difference']:.1e} |")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
