@@ -299,7 +299,8 @@ def in_place_update(update_rule):
     `θ.lerp_(θ_g, decay)` (`θ + decay · (θ_g − θ)`) then
     `θ.addcdiv_(g, RMS + ε, value=-η)` — the same rule (both terms read θ
     before the step), rounded differently (to float32 rounding of the
-    `keras.ops` form; `tests/evaluation/update_rules_test.py`).
+    `keras.ops` form; the rule tests of
+    `tests/evaluation/dynamic_evaluator_test.py` run through it).
     """
     if update_rule not in ("sgd", "rms_global_prior", "rms_rms_prior"):
         return None
