@@ -29,10 +29,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
+
+import per_backend  # benchmarks/per_backend.py, beside this script
 
 BACKENDS = ("tensorflow", "jax", "torch")
 CELLS = {
@@ -128,41 +127,20 @@ def main():
         with open(args.worker_output, "w") as f:
             json.dump(worker(args), f)
         return
-    results = {"command": "python " + " ".join(sys.argv), "backends": {}}
-    for backend in args.backends:
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            before = os.getloadavg()
-            subprocess.run(
-                [sys.executable, os.path.abspath(__file__), *sys.argv[1:],
-                 "--backends", backend, "--worker-output", out.name],
-                env={**os.environ, "KERAS_BACKEND": backend}, check=True,
-            )
-            with open(out.name) as f:
-                rows = json.load(f)
-        results["backends"][backend] = {
-            "load_average_before": before, "load_average_after": os.getloadavg(),
-            "rows": rows,
-        }
+    results = per_backend.run_each_backend(__file__, args.backends)
     print("| cell | backend | static, former → new (ms/token) | dynamic, former → new "
           "(ms/token) | dynamic / static, former → new | max |Δ loss| static, dynamic |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for cell in args.cells:
-        for backend, result in results["backends"].items():
-            for row in result["rows"]:
-                if row["cell"] == cell:
-                    print(f"| {cell} | {backend} | {row['former_static_ms_per_token']:.3f} → "
-                          f"{row['new_static_ms_per_token']:.3f} | "
-                          f"{row['former_dynamic_ms_per_token']:.2f} → "
-                          f"{row['new_dynamic_ms_per_token']:.2f} | "
-                          f"{row['former_dynamic_over_static']:.1f} → "
-                          f"{row['new_dynamic_over_static']:.1f} | "
-                          f"{row['static_max_abs_loss_difference']:.1e}, "
-                          f"{row['dynamic_max_abs_loss_difference']:.1e} |")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {args.json}")
+    for cell, backend, row in per_backend.rows_by_cell(results, args.cells):
+        print(f"| {cell} | {backend} | {row['former_static_ms_per_token']:.3f} → "
+              f"{row['new_static_ms_per_token']:.3f} | "
+              f"{row['former_dynamic_ms_per_token']:.2f} → "
+              f"{row['new_dynamic_ms_per_token']:.2f} | "
+              f"{row['former_dynamic_over_static']:.1f} → "
+              f"{row['new_dynamic_over_static']:.1f} | "
+              f"{row['static_max_abs_loss_difference']:.1e}, "
+              f"{row['dynamic_max_abs_loss_difference']:.1e} |")
+    per_backend.write_json(results, args.json)
 
 
 if __name__ == "__main__":

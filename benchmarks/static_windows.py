@@ -22,10 +22,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
+
+import per_backend  # benchmarks/per_backend.py, beside this script
 
 BACKENDS = ("tensorflow", "jax", "torch")
 CELLS = {
@@ -101,40 +100,18 @@ def main():
         with open(args.worker_output, "w") as f:
             json.dump(worker(args), f)
         return
-    results = {"command": "python " + " ".join(sys.argv), "backends": {}}
-    for backend in args.backends:
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            before = os.getloadavg()
-            argv = [a for a in sys.argv[1:]]
-            subprocess.run(
-                [sys.executable, os.path.abspath(__file__), *argv,
-                 "--backends", backend, "--worker-output", out.name],
-                env={**os.environ, "KERAS_BACKEND": backend}, check=True,
-            )
-            with open(out.name) as f:
-                rows = json.load(f)
-        results["backends"][backend] = {
-            "load_average_before": before, "load_average_after": os.getloadavg(),
-            "rows": rows,
-        }
+    results = per_backend.run_each_backend(__file__, args.backends)
     print("| cell | backend | a call per segment (ms/token) | windows (ms/token) | "
           "windows / segments | CPU ms/token (segments → windows) | max |Δ loss| |")
     print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
-    for cell in args.cells:
-        for backend, result in results["backends"].items():
-            for row in result["rows"]:
-                if row["cell"] == cell:
-                    print(f"| {cell} | {backend} | {row['segments_ms_per_token']:.3f} | "
-                          f"{row['windows_ms_per_token']:.3f} | "
-                          f"{row['windows_over_segments']:.2f} | "
-                          f"{row['segments_cpu_ms_per_token']:.3f} → "
-                          f"{row['windows_cpu_ms_per_token']:.3f} | "
-                          f"{row['max_abs_loss_difference']:.1e} |")
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {args.json}")
+    for cell, backend, row in per_backend.rows_by_cell(results, args.cells):
+        print(f"| {cell} | {backend} | {row['segments_ms_per_token']:.3f} | "
+              f"{row['windows_ms_per_token']:.3f} | "
+              f"{row['windows_over_segments']:.2f} | "
+              f"{row['segments_cpu_ms_per_token']:.3f} → "
+              f"{row['windows_cpu_ms_per_token']:.3f} | "
+              f"{row['max_abs_loss_difference']:.1e} |")
+    per_backend.write_json(results, args.json)
 
 
 if __name__ == "__main__":
