@@ -8,11 +8,40 @@ load average before and after each (the figure that says whether the run
 was quiet).
 """
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
+
+BACKENDS = ("tensorflow", "jax", "torch")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def parse_arguments(description, cells, repeats, json_name):
+    """The options these benchmarks share: backends, cells, the model's size,
+    the stream, the repeats, the JSON file (under `benchmarks/results/`)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--cells", nargs="+", default=list(cells), choices=list(cells))
+    parser.add_argument("--units", type=int, default=256)
+    parser.add_argument("--vocabulary", type=int, default=10_000)
+    parser.add_argument("--tokens", type=int, default=1500)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--json", default=os.path.join(RESULTS, json_name))
+    parser.add_argument("--worker-output", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def worker_or_each_backend(script, args, worker):
+    """In a worker process (`--worker-output`), writes `worker(args)` and
+    returns `None`; otherwise runs the workers (`run_each_backend`)."""
+    if args.worker_output:
+        with open(args.worker_output, "w") as f:
+            json.dump(worker(args), f)
+        return None
+    return run_each_backend(script, args.backends)
 
 
 def run_each_backend(script, backends):

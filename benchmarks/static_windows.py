@@ -18,21 +18,16 @@ Measure on a quiet machine: the load average before and after each backend
 is stored with the results (`benchmarks/results/static_windows.json`).
 """
 
-import argparse
-import json
-import os
 import statistics
 import time
 
 import per_backend  # benchmarks/per_backend.py, beside this script
 
-BACKENDS = ("tensorflow", "jax", "torch")
 CELLS = {
     "lstm": {"cell": "lstm"},
     "rlstm": {"cell": "rlstm"},
     "mogrifier_rlstm": {"cell": "mogrifier_rlstm", "mogrifier_rounds": 5, "mogrifier_rank": 32},
 }
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def worker(args):
@@ -86,21 +81,12 @@ def worker(args):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
-    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
-    parser.add_argument("--units", type=int, default=256)
-    parser.add_argument("--vocabulary", type=int, default=10_000)
-    parser.add_argument("--tokens", type=int, default=1500)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", default=os.path.join(RESULTS, "static_windows.json"))
-    parser.add_argument("--worker-output", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.worker_output:
-        with open(args.worker_output, "w") as f:
-            json.dump(worker(args), f)
+    args = per_backend.parse_arguments(
+        __doc__.splitlines()[0], CELLS, repeats=3, json_name="static_windows.json"
+    )
+    results = per_backend.worker_or_each_backend(__file__, args, worker)
+    if results is None:
         return
-    results = per_backend.run_each_backend(__file__, args.backends)
     print("| cell | backend | a call per segment (ms/token) | windows (ms/token) | "
           "windows / segments | CPU ms/token (segments → windows) | max |Δ loss| |")
     print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
