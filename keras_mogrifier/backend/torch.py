@@ -312,7 +312,7 @@ def in_place_update(update_rule):
         with torch.no_grad():
             targets = [v.value for v in variables]
             invariants = []
-            for theta, r in zip(targets, rms):
+            for theta, tg, r in zip(targets, theta_g, rms):
                 r = r.to(theta.dtype)
                 if update_rule == "rms_rms_prior":
                     decay = torch.minimum(
@@ -322,14 +322,12 @@ def in_place_update(update_rule):
                 else:
                     decay = decay_rate
                 scale = None if update_rule == "sgd" else r + epsilon
-                invariants.append((decay, scale))
+                invariants.append((tg.to(theta.dtype), decay, scale))
 
             def step(gradients):
-                for theta, g, tg, (decay, scale) in zip(
-                    targets, gradients, theta_g, invariants
-                ):
+                for theta, g, (tg, decay, scale) in zip(targets, gradients, invariants):
                     g = g.to(theta.dtype)
-                    theta.lerp_(tg.to(theta.dtype), decay)
+                    theta.lerp_(tg, decay)
                     if scale is None:
                         theta.add_(g, alpha=-learning_rate)
                     else:
