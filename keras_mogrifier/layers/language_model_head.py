@@ -292,6 +292,8 @@ class LanguageModelHead(keras.layers.Layer):
                     "head. Received: embedded=None"
                 )
             x = self.dual_layer([embedded, features], training=training)
+        elif training is False:
+            x = features  # the dropout layer's output at inference, without its call
         else:
             x = self.output_dropout_layer(features, training=training)
         if self.projection is not None:

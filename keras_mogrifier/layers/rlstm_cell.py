@@ -167,7 +167,7 @@ class RLSTMCell(MogrifiedCell):
         if self.mogrifier is not None:
             # The input is projected at every step: the kernel is padded
             # once per sequence instead of the projection at every step.
-            weights["kernel"] = ops.pad(weights["kernel"], [(0, 0), (0, self.units)])
+            weights["kernel"] = _pad_columns(weights["kernel"], self.units)
         return weights
 
     def project_input(self, weights, x):
@@ -177,7 +177,7 @@ class RLSTMCell(MogrifiedCell):
         # (no mogrifier), the projection of all steps is padded at once.
         z_x = ops.matmul(x, weights["kernel"])
         if z_x.shape[-1] == 2 * self.units:
-            z_x = ops.pad(z_x, [(0, 0)] * (len(z_x.shape) - 1) + [(0, self.units)])
+            z_x = _pad_columns(z_x, self.units)
         if weights["input_bias"] is not None:
             z_x = ops.add(z_x, weights["input_bias"])
         return z_x
@@ -195,3 +195,13 @@ class RLSTMCell(MogrifiedCell):
             z_o = ops.add(z_o, weights["output_bias"])
         h = ops.sigmoid(z_o) * ops.tanh(c)
         return h, c
+
+
+def _pad_columns(x, width):
+    """`x` with `width` zero columns appended on its last axis.
+
+    What `ops.pad` computes; `ops.pad` builds a Keras `Operation` object at
+    every call, which on PyTorch (eager) cost more than the padding itself.
+    `width` must not exceed `x`'s last dimension (here `2 · units ≥ units`).
+    """
+    return ops.concatenate([x, ops.zeros_like(x[..., :width])], axis=-1)

@@ -325,7 +325,26 @@ class RecurrentBackbone(keras.layers.Layer):
                 f"each of the {self.num_layers} layers). Received: "
                 f"{len(states)} tensors"
             )
-        return self._run(ids, list(states), training, None, drop_states=False)
+        return self._run(
+            ids, list(states), training, None, drop_states=False,
+            lean=self._lean(training),
+        )
+
+    def _lean(self, training):
+        """Whether a call from a given state may skip Keras's `Layer.__call__`.
+
+        At inference in full precision the sublayers' `__call__` adds
+        nothing to their `call` (no dropout, no autocast, every layer built)
+        but its own cost, paid per sublayer per call: on PyTorch, whose
+        layers run eagerly, that was about a quarter of a generated token's
+        time (`benchmarks/generation.py`). Under a mixed-precision policy the
+        autocast of `__call__` matters, and the full path runs.
+        """
+        return (
+            training is False
+            and self.built
+            and self.dtype_policy.compute_dtype == self.dtype_policy.variable_dtype
+        )
 
     def zero_state(self, rows):
         """The state before any token: `2 · num_layers` zeros `(rows, units)`."""
@@ -334,9 +353,15 @@ class RecurrentBackbone(keras.layers.Layer):
             for _ in range(2 * self.num_layers)
         ]
 
-    def _run(self, ids, states, training, state_observer, drop_states):
-        embedded = self.embedding(ids)
-        x = self.input_dropout_layer(embedded, training=training)
+    def _run(self, ids, states, training, state_observer, drop_states, lean=False):
+        # `lean` (see `_lean`): each sublayer's `call` directly, the dropout
+        # layers (identities at inference) skipped.
+        if lean:
+            embedded = self.embedding.call(ids)
+            x = embedded
+        else:
+            embedded = self.embedding(ids)
+            x = self.input_dropout_layer(embedded, training=training)
         rows = ops.shape(ids)[0]
         new_states = []
         outputs = []
@@ -357,9 +382,10 @@ class RecurrentBackbone(keras.layers.Layer):
                     state_observer(initial_state, layer, training)
                 if keep is not None:
                     initial_state = [s * ops.cast(keep, s.dtype) for s in initial_state]
-            h, h_last, c_last = rnn(x, initial_state=initial_state, training=training)
+            run = rnn.call if lean else rnn
+            h, h_last, c_last = run(x, initial_state=initial_state, training=training)
             new_states += [h_last, c_last]
-            dropout = self.cell_output_dropout_layers[layer]
+            dropout = _identity if lean else self.cell_output_dropout_layers[layer]
             if self.residual:
                 # Circling Back §3: x̂ˡ = hˡ ⊙ M_cellˡ, layer l reads Σ_{i<l} x̂ⁱ.
                 h = dropout(h, training=training)
@@ -390,6 +416,10 @@ class RecurrentBackbone(keras.layers.Layer):
         """Writes `state` into the leading rows of a state variable."""
         # Truncated BPTT: the carried state is a constant for the next window.
         state = ops.stop_gradient(ops.cast(state, variable.dtype))
+        if tuple(state.shape) == tuple(variable.shape):
+            # Every row (a known shape): no slice to update.
+            variable.assign(state)
+            return
         value = ops.convert_to_tensor(variable)
         variable.assign(ops.slice_update(value, (0, 0), state))
 
@@ -427,3 +457,9 @@ def _sum(tensors):
     for t in tensors[1:]:
         total = total + t
     return total
+
+
+def _identity(x, training=False):
+    """A dropout layer at inference, without its call (see `_lean`)."""
+    del training
+    return x

@@ -198,3 +198,64 @@ def test_call_with_cache_continues_the_prompt_as_one_call_does(options):
     # The carried state is untouched.
     for variable in model.recurrent_state_variables:
         assert not np.any(to_numpy(variable))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"cell": "rlstm"}, {"cell": "mogrifier_rlstm", "mogrifier_rank": 2}, {"cell": "mogrifier_lstm"}],
+)
+def test_one_token_calls_from_the_cache_are_the_whole_call_for_every_cell(options):
+    # One-step sequences take the cell's per-step weights (no per-sequence
+    # preparation, see CellRNN.inner_loop) and skip the sublayers' __call__.
+    model = LanguageModel(V, units=N, num_layers=2, batch_size=B, **options)
+    ids = _ids(seed=3)
+    expected = to_numpy(model(ids))
+    model.reset_states()
+    cache = None
+    steps = []
+    for t in range(T):
+        logits, _, cache = model.call_with_cache(ids[:, t : t + 1], cache)
+        steps.append(to_numpy(logits))
+    np.testing.assert_allclose(np.concatenate(steps, 1), expected, rtol=1e-5, atol=1e-5)
+
+
+def _count_layer_calls(monkeypatch):
+    calls = []
+    original = keras.layers.Layer.__call__
+
+    def counting(self, *args, **kwargs):
+        calls.append(self.name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
+    return calls
+
+
+def test_a_call_from_a_state_at_inference_skips_the_sublayers_call_machinery(monkeypatch):
+    # Keras's Layer.__call__ adds nothing at inference in full precision but
+    # its cost (a quarter of a generated token's time on PyTorch).
+    model = LanguageModel(V, units=N, num_layers=2, batch_size=B, cell="rlstm")
+    model.build((B, None))
+    calls = _count_layer_calls(monkeypatch)
+    model.call_with_cache(_ids(time=1))
+    assert calls == []
+    # Training (dropout) goes through them.
+    model.backbone.call_with_state(_ids(time=1), training=True)
+    assert "embedding" in calls and "input_dropout" in calls
+
+
+def test_a_call_from_a_state_under_mixed_precision_keeps_the_call_machinery(monkeypatch):
+    # Layer.__call__'s autocast matters there: the full path runs, and gives
+    # the stateful call's numbers.
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model = LanguageModel(V, units=N, num_layers=2, batch_size=B, cell="rlstm")
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert model.backbone.embedding.dtype_policy.name == "mixed_float16"
+    ids = _ids(seed=4)
+    expected = to_numpy(model(ids)).astype("float32")
+    calls = _count_layer_calls(monkeypatch)
+    logits, _, _ = model.call_with_cache(ids)
+    assert "embedding" in calls
+    np.testing.assert_allclose(to_numpy(logits).astype("float32"), expected, rtol=1e-2, atol=1e-2)
