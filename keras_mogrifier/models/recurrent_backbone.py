@@ -337,14 +337,18 @@ class RecurrentBackbone(keras.layers.Layer):
         nothing to their `call` (no dropout, no autocast, every layer built)
         but its own cost, paid per sublayer per call: on PyTorch, whose
         layers run eagerly, that was about a quarter of a generated token's
-        time (`benchmarks/generation.py`). Under a mixed-precision policy the
-        autocast of `__call__` matters, and the full path runs.
+        time (`benchmarks/generation_paths.py`). Where any of the backbone's
+        layers has a mixed-precision policy, the autocast of `__call__`
+        matters, and the full path runs.
         """
-        return (
-            training is False
-            and self.built
-            and self.dtype_policy.compute_dtype == self.dtype_policy.variable_dtype
-        )
+        if training is not False or not self.built:
+            return False
+        if not hasattr(self, "_full_precision"):
+            self._full_precision = all(
+                layer.dtype_policy.compute_dtype == layer.dtype_policy.variable_dtype
+                for layer in self._flatten_layers(include_self=True, recursive=True)
+            )
+        return self._full_precision
 
     def zero_state(self, rows):
         """The state before any token: `2 · num_layers` zeros `(rows, units)`."""

@@ -259,3 +259,19 @@ def test_a_call_from_a_state_under_mixed_precision_keeps_the_call_machinery(monk
     logits, _, _ = model.call_with_cache(ids)
     assert "embedding" in calls
     np.testing.assert_allclose(to_numpy(logits).astype("float32"), expected, rtol=1e-2, atol=1e-2)
+
+
+def test_a_float32_backbone_over_mixed_precision_layers_keeps_the_call_machinery(monkeypatch):
+    # The backbone's own policy is not enough: its sublayers took the global
+    # policy when they were made.
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        backbone = RecurrentBackbone(V, units=N, num_layers=2, batch_size=B, dtype="float32")
+    finally:
+        keras.config.set_dtype_policy("float32")
+    backbone.build((B, None))
+    assert backbone.dtype_policy.name == "float32"
+    assert backbone.embedding.dtype_policy.name == "mixed_float16"
+    calls = _count_layer_calls(monkeypatch)
+    backbone.call_with_state(_ids(time=1))
+    assert "embedding" in calls
