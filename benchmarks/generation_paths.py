@@ -15,7 +15,9 @@ replaced in one process per backend, interleaved:
 - the RLSTM's padding (`rlstm_cell._pad_columns`) is a concatenation, where
   `ops.pad` built a Keras `Operation` object per call.
 
-Former path: the three switched back (patched in this process). Two
+Former path: the three switched back (patched in this process, around a
+second model with the same weights, so that TensorFlow and JAX trace each
+path into its own decoding step). Two
 smaller changes of the same commit stay on in both (the head skips its
 dropout layer at inference; a state write of every row skips the slice
 update). The setting is `backends.py`'s: a 2 × 256 `LanguageModel`,
@@ -74,15 +76,23 @@ def worker(args):
     prompt = np.random.default_rng(0).integers(0, args.vocabulary, (1, 20)).astype("int32")
     rows = []
     for name in args.cells:
-        keras.utils.set_random_seed(0)
-        model = LanguageModel(
-            args.vocabulary, units=args.units, num_layers=2, batch_size=1, **CELLS[name]
-        )
-        model.build((1, None))
+        # One model per path, the same weights: TensorFlow and JAX trace the
+        # decoding step once per model (its `Decoder` is kept on the model),
+        # so each path needs its own model, traced under that path.
+        models = {}
+        for path in ("former", "new"):
+            keras.utils.set_random_seed(0)
+            models[path] = LanguageModel(
+                args.vocabulary, units=args.units, num_layers=2, batch_size=1, **CELLS[name]
+            )
+            models[path].build((1, None))
+        models["new"].set_weights(models["former"].get_weights())
 
         def run(path):
             with former_path() if path == "former" else contextlib.nullcontext():
-                return model.generate(prompt, max_length=20 + args.tokens, stop_token_ids=None)
+                return models[path].generate(
+                    prompt, max_length=20 + args.tokens, stop_token_ids=None
+                )
 
         outputs, times = {}, {"former": [], "new": []}
         for path in ("former", "new"):  # warm-up (and, off PyTorch, the traces)
