@@ -244,14 +244,21 @@ def test_a_call_from_a_state_at_inference_skips_the_sublayers_call_machinery(mon
     assert "embedding" in calls and "input_dropout" in calls
 
 
+def _made_under_mixed_precision(make):
+    """`make()` under the global `mixed_float16` policy (float32 again after)."""
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        return make()
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
 def test_a_call_from_a_state_under_mixed_precision_keeps_the_call_machinery(monkeypatch):
     # Layer.__call__'s autocast matters there: the full path runs, and gives
     # the stateful call's numbers.
-    keras.config.set_dtype_policy("mixed_float16")
-    try:
-        model = LanguageModel(V, units=N, num_layers=2, batch_size=B, cell="rlstm")
-    finally:
-        keras.config.set_dtype_policy("float32")
+    model = _made_under_mixed_precision(
+        lambda: LanguageModel(V, units=N, num_layers=2, batch_size=B, cell="rlstm")
+    )
     assert model.backbone.embedding.dtype_policy.name == "mixed_float16"
     ids = _ids(seed=4)
     expected = to_numpy(model(ids)).astype("float32")
@@ -264,11 +271,9 @@ def test_a_call_from_a_state_under_mixed_precision_keeps_the_call_machinery(monk
 def test_a_float32_backbone_over_mixed_precision_layers_keeps_the_call_machinery(monkeypatch):
     # The backbone's own policy is not enough: its sublayers took the global
     # policy when they were made.
-    keras.config.set_dtype_policy("mixed_float16")
-    try:
-        backbone = RecurrentBackbone(V, units=N, num_layers=2, batch_size=B, dtype="float32")
-    finally:
-        keras.config.set_dtype_policy("float32")
+    backbone = _made_under_mixed_precision(
+        lambda: RecurrentBackbone(V, units=N, num_layers=2, batch_size=B, dtype="float32")
+    )
     backbone.build((B, None))
     assert backbone.dtype_policy.name == "float32"
     assert backbone.embedding.dtype_policy.name == "mixed_float16"
