@@ -4,12 +4,17 @@ tests/fixtures/make_pre_split_equality.py computed, with the code before
 issue 27 and the same seed, each model's initial weights, its logits, the
 loss of 2 `fit` steps with dropout on and the weights after them, on each
 backend; here the current code computes the same. The initial weights and
-the logits must match exactly (the same layers drawing the same random
-numbers in the same order give the same bits). The losses and weights after
-the `fit` steps must match to float rounding (rtol 1e-5, atol 1e-8): XLA
-splits a reduction by the number of threads it has, so the fixture (made on
-one core) and a run on two cores can differ in the last bits of a
-gradient — as JAX did on a 2-core run (relative 1e-5 on values of 1e-8).
+the logits must match to the last bits (rtol 1e-5, atol 1e-6: the same
+layers drawing the same random numbers in the same order; a different draw
+or order changes them by the weights' own size, ~0.1). Not bit for bit:
+JAX's orthogonal initializer (a QR decomposition in XLA) rounds differently
+on different CPUs — on the 2026-11-27 machine the recurrent kernels of the
+fixture (made on another AMD EPYC) came out up to 1.2e-7 apart (relative
+7e-6) with no change to the code. The losses and weights after the `fit`
+steps must match to float rounding (rtol 1e-5, atol 1e-8): XLA splits a
+reduction by the number of threads it has, so the fixture (made on one
+core) and a run on two cores can differ in the last bits of a gradient —
+as JAX did on a 2-core run (relative 1e-5 on values of 1e-8).
 """
 
 import importlib.util
@@ -46,7 +51,9 @@ def test_same_seed_same_numbers_as_before_the_split(name, recorded):
     assert sorted(actual) == sorted(expected)
     for key in sorted(expected):
         if key.startswith(("init/", "logits")):
-            np.testing.assert_array_equal(actual[key], expected[key], err_msg=f"{name}: {key}")
+            np.testing.assert_allclose(
+                actual[key], expected[key], rtol=1e-5, atol=1e-6, err_msg=f"{name}: {key}"
+            )
         else:
             np.testing.assert_allclose(
                 actual[key], expected[key], rtol=1e-5, atol=1e-8, err_msg=f"{name}: {key}"
