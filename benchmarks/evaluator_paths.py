@@ -41,18 +41,12 @@ def worker(args):
     import numpy as np
 
     from keras_mogrifier import DynamicEvaluator
-    from keras_mogrifier import LanguageModel
 
     backend = keras.backend.backend()
-    rng = np.random.default_rng(0)
-    stream = (rng.zipf(1.2, size=args.tokens + 1) % args.vocabulary).astype("int32")
+    stream = per_backend.zipf_stream(args)
     rows = []
     for name in args.cells:
-        keras.utils.set_random_seed(0)
-        model = LanguageModel(
-            args.vocabulary, units=args.units, num_layers=2, batch_size=1, **CELLS[name]
-        )
-        model.build((1, 5))
+        model = per_backend.scoring_model(args, CELLS[name])
         evaluators = {}
         for path in ("former", "new"):
             jit = False if (backend == "tensorflow" and path == "former") else "auto"

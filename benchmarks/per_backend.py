@@ -64,6 +64,28 @@ def run_each_backend(script, backends):
     return results
 
 
+def zipf_stream(args):
+    """The stream these benchmarks score: `args.tokens + 1` Zipf ids, seed 0."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return (rng.zipf(1.2, size=args.tokens + 1) % args.vocabulary).astype("int32")
+
+
+def scoring_model(args, options):
+    """A built 2-layer `LanguageModel` for batch 1 (seed 0), `options` its cell's."""
+    import keras
+
+    from keras_mogrifier import LanguageModel
+
+    keras.utils.set_random_seed(0)
+    model = LanguageModel(
+        args.vocabulary, units=args.units, num_layers=2, batch_size=1, **options
+    )
+    model.build((1, 5))
+    return model
+
+
 def rows_by_cell(results, cells):
     """`(cell, backend, row)` in table order: cells, then backends."""
     for cell in cells:

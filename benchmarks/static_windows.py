@@ -35,18 +35,12 @@ def worker(args):
     import numpy as np
 
     from keras_mogrifier import DynamicEvaluator
-    from keras_mogrifier import LanguageModel
     from keras_mogrifier.evaluation import _dynamic_pass
 
-    rng = np.random.default_rng(0)
-    stream = (rng.zipf(1.2, size=args.tokens + 1) % args.vocabulary).astype("int32")
+    stream = per_backend.zipf_stream(args)
     rows = []
     for name in args.cells:
-        keras.utils.set_random_seed(0)
-        model = LanguageModel(
-            args.vocabulary, units=args.units, num_layers=2, batch_size=1, **CELLS[name]
-        )
-        model.build((1, 5))
+        model = per_backend.scoring_model(args, CELLS[name])
         evaluator = DynamicEvaluator(model, segment_length=5)
         losses, times = {}, {False: [], True: []}
         for whole in (False, True):  # warm-up: builds every call length
