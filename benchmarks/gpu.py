@@ -38,6 +38,12 @@ the budget; the epochs' validation passes count), then static validation and tes
 perplexity at τ = 1 (`evaluate_language_model`, 64 streams, window 70).
 This is not the paper's schedule (~400 epochs): the perplexities are of
 models trained for minutes, a comparison of the two cells at equal time.
+With `--train-epochs N` each cell instead trains for exactly its first N
+epochs (the preset's schedule, cut there: a comparison at equal data,
+ending on an epoch boundary), the deadline's share only a safety stop; the
+time at each epoch's end is stored either way (`epoch_end_seconds`, from
+the end of the first step, validation included), so the curves can also be
+read at equal time.
 
 `--deadline` (seconds from the start) bounds the whole run: part a's
 workers stop starting new items after `--a-seconds` (shared between the
@@ -69,6 +75,13 @@ BUDGET_NOTE = (
     "epoch-end validation inside it) on one GPU, not the paper's schedule (~400 "
     "epochs): its perplexities are of models trained for minutes, a "
     "comparison of the two cells at equal time, not converged results."
+)
+EPOCHS_NOTE = (
+    "Part b trains each cell for exactly its first train_epochs epochs of the "
+    "preset's schedule (~400 epochs) on one GPU: a comparison of the two cells "
+    "at equal data, ending on an epoch boundary, not converged results; "
+    "epoch_end_seconds (from the end of the first step, validation included) "
+    "gives the curves' times for a reading at equal time."
 )
 
 
@@ -402,14 +415,14 @@ def worker_a(args, path):
         ), flush=True)
 
 
-def time_budget_callback(seconds):
+def time_budget_callback(seconds, steps=None):
     """A Keras callback that stops `fit` once `seconds` have passed since step 1.
 
     The clock starts when the first step (the compilation on JAX) ends, so
     a cell that compiles longer does not train less; it then counts
     everything `fit` does (steps, the epochs' validation passes, the
     averaging's evaluations), and `fit` stops after the first step that
-    ends past the budget. It counts the steps, the first step's time and
+    ends past the budget (or after step `steps`, when given). It counts the steps, the first step's time and
     the time inside the later steps (validation left out), so throughput is
     taken from the steps after the first.
     """
@@ -425,6 +438,9 @@ def time_budget_callback(seconds):
             self.later_steps_seconds = 0.0
             self.stopped_by_budget = False
             self.elapsed = None
+            self.epoch_end_seconds = []
+            # Each epoch's first batch's loss (its streams start from a zero state).
+            self.first_batch_loss = []
 
         def on_train_begin(self, logs=None):
             self.start = time.perf_counter()
@@ -432,12 +448,19 @@ def time_budget_callback(seconds):
         def on_epoch_begin(self, epoch, logs=None):
             self.epochs_begun += 1
 
+        def on_epoch_end(self, epoch, logs=None):
+            self.epoch_end_seconds.append(time.perf_counter() - self.first_step_end)
+
         def on_train_batch_begin(self, batch, logs=None):
             self.step_start = time.perf_counter()
 
         def on_train_batch_end(self, batch, logs=None):
             now = time.perf_counter()
             self.steps += 1
+            if batch == 0 and logs and "loss" in logs:
+                self.first_batch_loss.append(float(logs["loss"]))
+            if steps is not None and self.steps >= steps:
+                self.model.stop_training = True
             if self.steps == 1:
                 self.first_step_seconds = now - self.start
                 self.first_step_end = now
@@ -471,11 +494,22 @@ def worker_b(args, path):
     left = args.worker_deadline - time.time()
     budget = min(args.train_seconds, (left - len(cells) * args.cell_reserve) / len(cells))
     budget = max(budget, 1.0)
-    _record(path, "part_b", backend, "train_seconds_budget", budget)
-    _record(path, "part_b", backend, "train_seconds_requested", args.train_seconds)
-    for cell in cells:
+    if args.train_epochs:
+        # Epochs are the budget; time only stops a cell that would run past
+        # the deadline (each cell may use what the earlier ones left).
+        budget = None
+        _record(path, "part_b", backend, "train_epochs", args.train_epochs)
+    else:
+        _record(path, "part_b", backend, "train_seconds_budget", budget)
+        _record(path, "part_b", backend, "train_seconds_requested", args.train_seconds)
+    for i, cell in enumerate(cells):
+        cell_budget = budget
+        if cell_budget is None:
+            remaining = len(cells) - i
+            cell_budget = max(1.0, args.worker_deadline - time.time()
+                              - remaining * args.cell_reserve)
         try:
-            _paper_row(args, path, backend, corpus, cell, budget)
+            _paper_row(args, path, backend, corpus, cell, cell_budget)
         except Exception:  # recorded; the other cell still runs
             _record(path, "part_b", backend, "errors",
                     {"cell": cell, "traceback": traceback.format_exc()})
@@ -513,13 +547,14 @@ def _paper_row(args, path, backend, corpus, cell, budget):
     valid_data = stream_dataset(
         corpus.valid, training, training["eval_batch_size"], evaluation=True
     )
-    timer = time_budget_callback(budget)
+    timer = time_budget_callback(budget, args.train_steps_total)
     # The preset's callbacks (divergence recovery, Two-Tailed Averaging,
     # which evaluates on validation every 1000 steps), then the budget; the
     # validation data of `fit` as `run_experiment` passes it.
     callbacks = training_callbacks(training, None, valid_data) + [timer]
     history = model.fit(
-        train_data, validation_data=valid_data, epochs=training["epochs"],
+        train_data, validation_data=valid_data,
+        epochs=args.train_epochs or training["epochs"],
         shuffle=False, callbacks=callbacks, verbose=0,
     )
     steps = timer.steps
@@ -532,7 +567,11 @@ def _paper_row(args, path, backend, corpus, cell, budget):
         "parameters": parameters,
         "train_seconds_budget": budget,
         "train_seconds": timer.elapsed,
+        "train_epochs": args.train_epochs,
         "stopped_by_budget": timer.stopped_by_budget,
+        "epoch_end_seconds": timer.epoch_end_seconds,
+        "first_batch_loss": timer.first_batch_loss,
+        "train_steps_total": args.train_steps_total,
         "first_step_seconds": timer.first_step_seconds,
         "later_steps_seconds": timer.later_steps_seconds,
         "steps": steps,
@@ -632,8 +671,12 @@ def print_table(data):
         if result.get("skipped"):
             print(f"| {backend} | skipped: {', '.join(result['skipped'])} | | | | | |")
     for backend, result in data.get("part_b", {}).items():
-        print(f"\nPart b: the paper preset on PTB, {backend}, a fixed budget of "
-              f"{result.get('train_seconds_budget', 0):.0f} s of training per cell")
+        if result.get("train_epochs"):
+            print(f"\nPart b: the paper preset on PTB, {backend}, the first "
+                  f"{result['train_epochs']} epochs of its schedule per cell")
+        else:
+            print(f"\nPart b: the paper preset on PTB, {backend}, a fixed budget of "
+                  f"{result.get('train_seconds_budget', 0):.0f} s of training per cell")
         print("| cell | parameters | steps | epochs | tokens/s | valid ppl (τ 1) "
               "| test ppl (τ 1) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -674,6 +717,12 @@ def main():
     parser.add_argument("--train-seconds", type=float,
                         help="part b: training budget per cell, from the end of its "
                              "first step (default 150; 10 with --quick)")
+    parser.add_argument("--train-epochs", type=int, default=None,
+                        help="part b: train each cell for exactly this many epochs "
+                             "instead of --train-seconds (the deadline still stops it)")
+    parser.add_argument("--train-steps-total", type=int, default=None,
+                        help="part b: also stop each cell after this many steps "
+                             "(e.g. one step into an epoch: 5 × 103 + 1)")
     parser.add_argument("--deadline", type=float,
                         help="seconds from the start by which everything ends "
                              "(default 405; 3600 with --quick)")
@@ -727,6 +776,11 @@ def main():
         worker_argv.append(a)
     if args.data_dir and "--data-dir" not in " ".join(worker_argv):
         worker_argv += ["--data-dir", args.data_dir]
+    if args.train_epochs is not None and args.train_epochs < 1:
+        parser.error(f"--train-epochs must be a positive integer; received {args.train_epochs}")
+    if args.train_steps_total is not None and args.train_steps_total < 1:
+        parser.error("--train-steps-total must be a positive integer; received "
+                     f"{args.train_steps_total}")
     if "b" in args.parts and not args.data_dir:
         parser.error("part b needs --data-dir (Penn Treebank), or ptb/ beside the script")
     start = time.time()
@@ -747,7 +801,7 @@ def main():
             f"batch 1, segments of {args.segment_length} (median of {args.eval_repeats}); "
             "references: Embedding -> LSTM × 2 -> Dense(V), no dropout, Adam, same shapes"
         ),
-        "part_b_note": BUDGET_NOTE,
+        "part_b_note": EPOCHS_NOTE if args.train_epochs else BUDGET_NOTE,
     })
     if "a" in args.parts:
         # Absolute deadlines: JAX (compiles) gets the larger first share, and a

@@ -4,6 +4,7 @@
 # gpu/keras_mogrifier/ (the package) and gpu/ptb/ (Penn Treebank), with
 # the wheels of keras and what the GPU image lacks in .whl/. Run from the
 # repository root: bash gpu/run.sh OUTPUT_DIR [gpu_bench.py options]
+# (TIMEOUT=seconds bounds gpu_bench.py; default 470)
 set -uo pipefail
 out="$(cd "${1:?the output folder}" && pwd)"; shift
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -12,4 +13,4 @@ nvidia-smi
 cd gpu
 export PYTHONPATH="/tmp/site:$PWD"
 python3 -c "import keras, keras_mogrifier; print('keras', keras.__version__, keras_mogrifier.__file__)"
-timeout 470 python3 gpu_bench.py --json "$out/gpu.json" "$@"
+timeout "${TIMEOUT:-470}" python3 gpu_bench.py --json "$out/gpu.json" "$@"

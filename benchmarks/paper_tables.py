@@ -36,6 +36,8 @@ its last finished epoch).
         --data-dir ../shared/data/ptb --row lstm --epochs 1 --output runs/check
     # the table and the chart from the JSON
     python benchmarks/paper_tables.py --table --figure docs/paper_tables_ptb.png
+    # the `paper` preset's rows run on a GPU by benchmarks/gpu.py (part b)
+    python benchmarks/paper_tables.py --add-gpu-rows benchmarks/results/gpu/h200_paper_8epochs.json
 
 Without `--data-dir` the package's embedded synthetic corpus is used (for a
 smoke run; its perplexities mean nothing for Penn Treebank).
@@ -620,7 +622,8 @@ def run_study(args, corpus):
         row["complete"] = True
         study.save()
         log(f"row {name} complete")
-    print_table(study.data["rows"])
+    print_table(study_rows(study.data["rows"]))
+    print_gpu_table(study.data["rows"])
 
 
 def check_row(args, corpus):
@@ -629,6 +632,12 @@ def check_row(args, corpus):
         data = json.load(f)
     settings = data["settings"]
     rows = {row["name"]: row for row in data["rows"]}
+    if rows.get(args.row, {}).get("study") == GPU_STUDY:
+        raise ValueError(
+            f"Expected a row of the CPU study. Received: --row {args.row!r}, a "
+            "GPU row of the `paper` preset: re-run it with benchmarks/gpu.py "
+            f"({rows[args.row]['command']!r})"
+        )
     if args.row not in rows or rows[args.row].get("hyperparameters") is None:
         raise ValueError(
             f"Expected a row of {args.json} whose tuning is done. Received: "
@@ -670,6 +679,101 @@ def check_row(args, corpus):
         log(f"first-epoch validation perplexity: recorded {first:.2f}, "
             f"re-run {again:.2f} ({100 * (again / first - 1):+.2f} %)")
     log(f"wrote {path}")
+
+
+# === The GPU rows (benchmarks/gpu.py part b) ===
+
+GPU_STUDY = "gpu_paper_preset"
+
+
+def gpu_rows(path):
+    """Rows of the study's schema from one `benchmarks/gpu.py` part-b JSON.
+
+    Each is the `paper` preset's 24M model with one cell, trained on one GPU
+    for a fixed budget (minutes or a few epochs, the preset's own schedule
+    cut there), untuned and far from converged, scored static at τ = 1:
+    `study` marks them so the table and the chart of the CPU rows leave
+    them out. Named `paper24m_<cell>_<budget>`.
+    """
+    with open(path) as f:
+        data = json.load(f)
+    rows = []
+    for backend, result in data.get("part_b", {}).items():
+        for run in result.get("rows", []):
+            if run.get("test_perplexity_tau1") is None:
+                continue  # cut before its evaluation
+            if run.get("train_epochs"):
+                budget = f"{run['train_epochs']}epochs"
+            else:
+                budget = f"{round(run['train_seconds_budget'])}s"
+            if run.get("train_steps_total"):
+                budget = f"{run['train_steps_total']}steps"
+            history = run.get("history", {})
+            rows.append({
+                "name": f"paper24m_{run['cell']}_{budget}",
+                "study": GPU_STUDY,
+                "cell": run["cell"],
+                "params": run["parameters"],
+                "units": run["model"]["units"],
+                "hyperparameters": None,
+                "preset": {"name": "paper", "model": run["model"],
+                           "training": run["training"]},
+                "trials": [],
+                "valid_perplexity_by_epoch": history.get("val_perplexity"),
+                "epochs_trained": run["epochs_done"],
+                "static": {"valid_tau1": run["valid_perplexity_tau1"],
+                           "test_tau1": run["test_perplexity_tau1"]},
+                "dynamic": None,
+                "tokens_per_second": run["tokens_per_s"],
+                "hours": run["train_seconds"] / 3600,
+                "epoch_end_seconds": run.get("epoch_end_seconds"),
+                "seed": 0,
+                "seeds": [],
+                "backend": backend,
+                "device": data.get("gpu"),
+                "complete": True,
+                "command": data["command"],
+                "source": os.path.relpath(path, os.path.dirname(DEFAULT_JSON)),
+                "note": data.get("part_b_note"),
+            })
+    return rows
+
+
+def add_gpu_rows(json_path, paths):
+    """Adds (or replaces, by name) the GPU rows of `paths` in the study's JSON."""
+    with open(json_path) as f:
+        data = json.load(f)
+    names = {row["name"] for row in data["rows"] if row.get("study") != GPU_STUDY}
+    for path in paths:
+        for row in gpu_rows(path):
+            if row["name"] in names:
+                raise ValueError(
+                    f"Expected a GPU row name unused by the study's rows. "
+                    f"Received: {row['name']!r} from {path}"
+                )
+            data["rows"] = [r for r in data["rows"] if r["name"] != row["name"]]
+            data["rows"].append(row)
+            log(f"GPU row {row['name']}: valid {row['static']['valid_tau1']:.1f}, "
+                f"test {row['static']['test_tau1']:.1f} (τ = 1)")
+    with open(json_path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def study_rows(rows):
+    return [row for row in rows if row.get("study") != GPU_STUDY]
+
+
+def print_gpu_table(rows):
+    rows = [row for row in rows if row.get("study") == GPU_STUDY]
+    if not rows:
+        return
+    print("\nThe `paper` preset (24M) on one GPU, untuned, not converged (τ = 1):")
+    print("| row | params | epochs | tokens/s | valid | test |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for row in rows:
+        print(f"| {row['name']} | {row['params']:,} | {row['epochs_trained']:.2f} | "
+              f"{_f(row['tokens_per_second'], 0)} | {_f(row['static']['valid_tau1'])} | "
+              f"{_f(row['static']['test_tau1'])} |")
 
 
 # === Table and figure ===
@@ -763,6 +867,10 @@ def parse_args(argv=None):
                         help="with --row: skip dynamic evaluation")
     parser.add_argument("--table", action="store_true", help="print the table of --json")
     parser.add_argument("--figure", help="draw the test-perplexity chart of --json here")
+    parser.add_argument("--add-gpu-rows", nargs="+", metavar="GPU_JSON",
+                        help="add the rows of benchmarks/gpu.py part-b JSONs to --json "
+                        "(named paper24m_<cell>_<budget>; left out of the table's "
+                        "CPU rows and the chart)")
     study = parser.add_argument_group("study settings (recorded; --resume checks them)")
     study.add_argument("--parameters", type=int, default=PARAMETERS)
     study.add_argument("--batch-size", type=int, default=32)
@@ -804,9 +912,13 @@ def main(argv=None):
         with open(args.json) as f:
             rows = json.load(f)["rows"]
         if args.table:
-            print_table(rows)
+            print_table(study_rows(rows))
+            print_gpu_table(rows)
         if args.figure:
-            draw_figure(rows, args.figure)
+            draw_figure(study_rows(rows), args.figure)
+        return
+    if args.add_gpu_rows:
+        add_gpu_rows(args.json, args.add_gpu_rows)
         return
     if args.data_dir:
         corpus = load_corpus(args.data_dir)

@@ -158,6 +158,60 @@ def test_ablations_are_planned_on_the_best_base_row(paper_tables, tmp_path):
     ]
 
 
+def _gpu_json(path, cells=("lstm", "mogrifier_rlstm")):
+    """A benchmarks/gpu.py part-b JSON of 2-epoch runs; a third run cut short."""
+    runs = [{
+        "cell": cell, "parameters": 1000 + i, "model": {"units": 8 + i},
+        "training": {"batch_size": 4}, "train_epochs": 2, "train_steps_total": None,
+        "train_seconds_budget": 99.0, "train_seconds": 36.0, "epochs_done": 2.0,
+        "tokens_per_s": 500.0 + i, "epoch_end_seconds": [18.0, 36.0],
+        "history": {"val_perplexity": [300.0 - i, 200.0 - i]},
+        "valid_perplexity_tau1": 200.0 - i, "test_perplexity_tau1": 190.0 - i,
+    } for i, cell in enumerate(cells)]
+    runs.append(dict(runs[0], cell="rlstm", test_perplexity_tau1=None))
+    path.write_text(json.dumps({
+        "command": "python gpu.py --parts b --train-epochs 2", "gpu": "a GPU",
+        "part_b_note": "untuned", "part_b": {"jax": {"rows": runs}},
+    }))
+    return str(path)
+
+
+def test_gpu_rows_join_the_json_apart_from_the_study(paper_tables, study, tmp_path, capsys):
+    tmp, _ = study
+    json_path = tmp_path / "study.json"
+    json_path.write_text((tmp / "study.json").read_text())
+    before = json.loads(json_path.read_text())["rows"]
+    gpu = _gpu_json(tmp_path / "gpu.json")
+    for _ in range(2):  # adding again replaces, by name
+        paper_tables.main(["--json", str(json_path), "--add-gpu-rows", gpu])
+    rows = json.loads(json_path.read_text())["rows"]
+    assert rows[:len(before)] == before
+    added = rows[len(before):]
+    assert [r["name"] for r in added] == [
+        "paper24m_lstm_2epochs", "paper24m_mogrifier_rlstm_2epochs"]
+    assert added[1]["static"] == {"valid_tau1": 199.0, "test_tau1": 189.0}
+    assert added[1]["valid_perplexity_by_epoch"] == [299.0, 199.0]
+    assert added[1]["params"] == 1001 and added[1]["units"] == 9
+    assert all(r["study"] == paper_tables.GPU_STUDY and r["complete"] for r in added)
+    assert paper_tables.study_rows(rows) == before
+    capsys.readouterr()
+    paper_tables.main(["--json", str(json_path), "--table"])
+    cpu_table, gpu_table = capsys.readouterr().out.split("on one GPU")
+    assert "paper24m" not in cpu_table and "| lstm |" in cpu_table
+    assert "| paper24m_mogrifier_rlstm_2epochs | 1,001 | 2.00 | 501 | 199.0 | 189.0 |" in gpu_table
+    with pytest.raises(ValueError, match="benchmarks/gpu.py"):
+        paper_tables.main(["--json", str(json_path), "--row", "paper24m_lstm_2epochs",
+                           "--output", str(tmp_path / "check")])
+
+
+def test_a_gpu_row_may_not_take_a_study_rows_name(paper_tables, tmp_path):
+    json_path = tmp_path / "study.json"
+    json_path.write_text(json.dumps({"settings": {}, "rows": [
+        {"name": "paper24m_lstm_2epochs", "complete": True}]}))
+    with pytest.raises(ValueError, match="unused by the study's rows"):
+        paper_tables.add_gpu_rows(str(json_path), [_gpu_json(tmp_path / "gpu.json")])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--trials", "0"], "--trials"),
     (["--seeds", "1", "1"], "distinct"),
