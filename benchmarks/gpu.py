@@ -422,9 +422,10 @@ def time_budget_callback(seconds, steps=None):
     a cell that compiles longer does not train less; it then counts
     everything `fit` does (steps, the epochs' validation passes, the
     averaging's evaluations), and `fit` stops after the first step that
-    ends past the budget (or after step `steps`, when given). It counts the steps, the first step's time and
-    the time inside the later steps (validation left out), so throughput is
-    taken from the steps after the first.
+    ends past the budget (or after step `steps`, when given). It counts
+    the steps, the first step's time and the time inside the later steps
+    (validation left out), so throughput is taken from the steps after the
+    first; it also keeps each epoch's end time and its first batch's loss.
     """
     import keras
 

@@ -12,5 +12,5 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 nvidia-smi
 cd gpu
 export PYTHONPATH="/tmp/site:$PWD"
-python3 -c "import keras, keras_mogrifier; print('keras', keras.__version__, keras_mogrifier.__file__)"
+KERAS_BACKEND=jax python3 -c "import keras, keras_mogrifier; print('keras', keras.__version__, keras_mogrifier.__file__)"
 timeout "${TIMEOUT:-470}" python3 gpu_bench.py --json "$out/gpu.json" "$@"
