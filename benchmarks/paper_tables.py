@@ -825,9 +825,9 @@ def draw_figure(rows, path):
             highs.append(max(values) - m)
         bars = ax.bar(x + offset, means, width, yerr=[lows, highs], capsize=3,
                       color=colour, label=f"{kind} test")
-        for bar, m in zip(bars, means):
-            if np.isfinite(m):
-                ax.annotate(f"{m:.1f}", (bar.get_x() + bar.get_width() / 2, m),
+        for bar, m, high in zip(bars, means, highs):
+            if np.isfinite(m):  # above the seeds' bar
+                ax.annotate(f"{m:.1f}", (bar.get_x() + bar.get_width() / 2, m + high),
                             xytext=(0, 3), textcoords="offset points",
                             ha="center", fontsize=8)
     finite = [v for r in rows for k in ("static", "dynamic")
@@ -835,7 +835,7 @@ def draw_figure(rows, path):
     if finite:
         ax.set_ylim(min(finite) * 0.9, max(finite) * 1.05)
     ax.set_xticks(x, names, rotation=20, ha="right")
-    ax.set_ylabel("test perplexity (mean over seeds; bars: min–max)")
+    ax.set_ylabel("test perplexity\n(mean over seeds; bars: min–max)")
     ax.set_title("Penn Treebank, equal parameters and equal tuning")
     ax.legend()
     fig.tight_layout()
