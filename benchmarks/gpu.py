@@ -489,26 +489,25 @@ def worker_b(args, path):
     _record(path, "part_b", backend, "errors", [])
     corpus = load_ptb(args.data_dir, download=False, fallback=False)
     cells = list(args.paper_cells)
-    # The same budget for every cell: what the deadline leaves, less a
-    # reserve per cell (its first step's compilation, its evaluation),
-    # shared equally (never over --train-seconds).
-    left = args.worker_deadline - time.time()
-    budget = min(args.train_seconds, (left - len(cells) * args.cell_reserve) / len(cells))
-    budget = max(budget, 1.0)
     if args.train_epochs:
-        # Epochs are the budget; time only stops a cell that would run past
-        # the deadline (each cell may use what the earlier ones left).
-        budget = None
         _record(path, "part_b", backend, "train_epochs", args.train_epochs)
     else:
+        # The same budget for every cell: what the deadline leaves, less a
+        # reserve per cell (its first step's compilation, its evaluation),
+        # shared equally (never over --train-seconds).
+        left = args.worker_deadline - time.time()
+        budget = max(1.0, min(args.train_seconds,
+                              (left - len(cells) * args.cell_reserve) / len(cells)))
         _record(path, "part_b", backend, "train_seconds_budget", budget)
         _record(path, "part_b", backend, "train_seconds_requested", args.train_seconds)
     for i, cell in enumerate(cells):
-        cell_budget = budget
-        if cell_budget is None:
-            remaining = len(cells) - i
+        if args.train_epochs:
+            # Epochs are the budget; time only stops a cell that would run
+            # past the deadline (each cell may use what the earlier ones left).
             cell_budget = max(1.0, args.worker_deadline - time.time()
-                              - remaining * args.cell_reserve)
+                              - (len(cells) - i) * args.cell_reserve)
+        else:
+            cell_budget = budget
         try:
             _paper_row(args, path, backend, corpus, cell, cell_budget)
         except Exception:  # recorded; the other cell still runs
