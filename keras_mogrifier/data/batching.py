@@ -1,5 +1,7 @@
 """Cutting a token stream into B contiguous streams and windows of T tokens."""
 
+import hashlib
+
 import numpy as np
 import keras
 
@@ -75,6 +77,20 @@ class StreamDataset(keras.utils.PyDataset):
     as `compile(weighted_metrics=[...])` only, so compile `Perplexity` there
     (as `weighted_metrics`) when batches carry weights.
 
+    **Across epochs** (stateful training). `LanguageModel.fit` does not
+    restart the streams at each epoch: it trains on `continued()`, where
+    every stream goes on reading its own text where the previous epoch left
+    it, and carries the recurrent state with it — the way the Mogrifier
+    authors train (lamb's `equidistant_iterators`: one endless iterator per
+    stream, no epoch boundary). An epoch is still `len(self)` windows. Each
+    stream reads the id stream as a ring: after reading all `len(ids)`
+    tokens from its start it wraps to that start moved by a random offset
+    in `[-start_jitter, start_jitter]` tokens, drawn from `seed` (lamb moves
+    it by up to ±100 lines at each wrap, `lamb/corpus.py`,
+    `get_batches(..., start_jitter=100)`). The first epoch is exactly the
+    windows `self[k]`. `fit(..., reset_state_each_epoch=True)` restores the
+    old behaviour (every epoch restarts the streams and zeroes the state).
+
     Keras shuffles the batches of a `PyDataset` when `fit` is called with
     `shuffle=True` (its default): pass `shuffle=False` to `model.fit` so
     the windows arrive in order (language models of this package do this
@@ -93,6 +109,17 @@ class StreamDataset(keras.utils.PyDataset):
         max_tokens: int or `None`. Use only the first windows holding at most
             `max_tokens` predicted tokens (`B·T` per full window), rounded
             down to whole windows but at least one. Defaults to `None`.
+        start_jitter: int or None. How far (in tokens) a stream's start may
+            move each time it wraps around the text in `continued()`. `None`
+            (the default): lamb's ±100 lines in tokens, at the mean line
+            length of `ids` counted with `line_end_id`, or 0 without
+            `line_end_id`.
+        line_end_id: int or None. The id that ends a line (a `Corpus`'s
+            `vocabulary.eos_id`), to measure lines in tokens. Defaults to
+            `None`.
+        seed: int or None. Seed of the wrap offsets, so that a run (and a
+            resumed run) reads the same windows. `None` draws one (see the
+            `seed` attribute). Defaults to `None`.
         **kwargs: `workers`, `use_multiprocessing`, `max_queue_size` of
             `keras.utils.PyDataset`.
 
@@ -118,6 +145,9 @@ class StreamDataset(keras.utils.PyDataset):
         drop_remainder=True,
         max_batches=None,
         max_tokens=None,
+        start_jitter=None,
+        line_end_id=None,
+        seed=None,
         **kwargs,
     ):
         ids = _as_id_stream(ids)
@@ -153,7 +183,21 @@ class StreamDataset(keras.utils.PyDataset):
             )
         if max_batches is not None:
             num_windows = min(num_windows, max_batches)
+        if line_end_id is not None:
+            line_end_id = _validation.non_negative_int("line_end_id", line_end_id)
+        if start_jitter is None:
+            start_jitter = (
+                0 if line_end_id is None
+                else lines_in_tokens(ids, line_end_id, LAMB_START_JITTER_LINES)
+            )
+        start_jitter = _validation.non_negative_int("start_jitter", start_jitter)
+        if seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1)[0])
+        seed = _validation.non_negative_int("seed", seed)
         super().__init__(**kwargs)
+        self.ids = ids
+        self.start_jitter = start_jitter
+        self.seed = seed
         self.batch_size = batch_size
         self.sequence_length = sequence_length
         self.drop_remainder = bool(drop_remainder)
@@ -204,9 +248,13 @@ class StreamDataset(keras.utils.PyDataset):
         )
         try:  # the one scan of `_validation`; then where the bad id is
             _validation.scan_token_ids("ids", self.streams[:, :used], vocabulary_size)
-            return
         except ValueError:
             bad = self.streams[:, :used] >= vocabulary_size
+        else:
+            if self.drop_remainder:
+                # Training data: `continued()` reads every id of the ring.
+                self._check_ring(vocabulary_size)
+            return
         token = int(np.flatnonzero(bad.any(axis=0))[0])
         stream = int(np.flatnonzero(bad[:, token])[0])
         # Token t is the input of batch t // T and the target of (t-1) // T.
@@ -217,6 +265,96 @@ class StreamDataset(keras.utils.PyDataset):
             f"{int(self.streams[stream, token])} in batch {batch} (stream "
             f"{stream}, token {token} of the stream)"
         )
+
+    @property
+    def steps_per_epoch(self):
+        """The windows of one epoch: `len(self)`."""
+        return self._num_windows
+
+    def fingerprint(self):
+        """What a checkpoint of training on this data records to refuse other
+        data: the id stream's length and hash, the batch shape, the epoch's
+        windows and the wrap's jitter and seed."""
+        return {
+            "tokens": int(len(self.ids)),
+            "ids_sha256": hashlib.sha256(
+                np.ascontiguousarray(self.ids, dtype=np.int64).tobytes()
+            ).hexdigest(),
+            "batch_size": self.batch_size,
+            "sequence_length": self.sequence_length,
+            "steps_per_epoch": self._num_windows,
+            "start_jitter": self.start_jitter,
+            "seed": self.seed,
+        }
+
+    def continued(self, start_window=0):
+        """The windows as one endless sequence that continues across epochs.
+
+        Window `g` of the result is window `g` of every stream's endless
+        reading (see the class docstring); window `g < len(self)` equals
+        `self[g]`. `LanguageModel.fit` trains on it with `steps_per_epoch =
+        len(self)` and `start_window = initial_epoch · len(self)` (plus the
+        steps already done of a resumed epoch), so a resumed run reads the
+        windows the uninterrupted run would have read.
+
+        Args:
+            start_window: int. The window the result starts at. Defaults to 0.
+
+        Returns:
+            A `keras.utils.PyDataset` without a length (give `fit` its
+            `steps_per_epoch`).
+        """
+        if not self.drop_remainder:
+            raise ValueError(
+                "Expected a training StreamDataset (drop_remainder=True) to "
+                "continue across epochs: with drop_remainder=False the last "
+                "window is padded, which only a single pass (evaluation) "
+                "uses. Received: drop_remainder=False"
+            )
+        start_window = _validation.non_negative_int("start_window", start_window)
+        return ContinuedStreams(self, start_window)
+
+    def continued_window(self, window):
+        """`(x, y)` of window `window` of the endless reading (`continued()`)."""
+        window = _validation.non_negative_int("window", window)
+        length = self.sequence_length
+        # Token k of each stream's reading (k = 0 is the stream's start):
+        # pass k // n of the ring, at offset k % n from that pass's start.
+        n = len(self.ids)
+        k = window * length + np.arange(length + 1, dtype=np.int64)
+        passes = k // n
+        jitter = np.zeros((self.batch_size, length + 1), np.int64)
+        for p in np.unique(passes):
+            if p > 0 and self.start_jitter:
+                jitter[:, passes == p] = self.pass_offsets(int(p))[:, None]
+        starts = np.arange(self.batch_size, dtype=np.int64) * self.streams.shape[1]
+        tokens = self.ids[(starts[:, None] + jitter + (k % n)[None, :]) % n]
+        x = np.ascontiguousarray(tokens[:, :-1], dtype=np.int32)
+        y = np.ascontiguousarray(tokens[:, 1:], dtype=np.int32)
+        return x, y
+
+    def pass_offsets(self, ring_pass):
+        """How far each stream's start moves for its `ring_pass`-th reading
+        of the text (0 for the first): `(batch_size,)` ints in
+        `[-start_jitter, start_jitter]`, a function of `seed` and the pass."""
+        ring_pass = _validation.non_negative_int("ring_pass", ring_pass)
+        if ring_pass == 0 or not self.start_jitter:
+            return np.zeros(self.batch_size, np.int64)
+        rng = np.random.default_rng([self.seed, ring_pass])
+        return rng.integers(
+            -self.start_jitter, self.start_jitter + 1, size=self.batch_size
+        )
+
+    def _check_ring(self, vocabulary_size):
+        bad = np.flatnonzero(self.ids >= vocabulary_size)
+        if bad.size:
+            raise ValueError(
+                f"Expected the token ids of the StreamDataset to be in [0, "
+                f"{vocabulary_size}) (the model's vocabulary). Received: an id "
+                f"{int(self.ids[bad[0]])} at token {int(bad[0])} of the ids, "
+                "which the streams read when they continue past the first "
+                "epoch"
+            )
 
     def _check_index(self, index):
         if isinstance(index, (bool, np.bool_)) or not isinstance(
@@ -246,3 +384,60 @@ class StreamDataset(keras.utils.PyDataset):
             y = np.pad(y, ((0, 0), (0, pad)))
             weights[:, length:] = 0.0
         return x, y, weights
+
+
+# lamb/corpus.py, `get_batches`: `equidistant_iterators(batch_size,
+# random_starts=True, start_jitter=100, ...)`, where the corpus's instances
+# are lines: ±100 lines.
+LAMB_START_JITTER_LINES = 100
+
+
+def lines_in_tokens(ids, line_end_id, lines):
+    """`lines` lines of `ids` in tokens, at their mean line length.
+
+    The mean line length is `len(ids)` over the number of `line_end_id`s
+    (Penn Treebank's training text: 929,589 tokens in 42,068 lines, 22.1
+    tokens a line, so lamb's ±100 lines are ±2,210 tokens). Without a line
+    end in `ids`, the whole text is one line.
+    """
+    ids = _as_id_stream(ids)
+    line_end_id = _validation.non_negative_int("line_end_id", line_end_id)
+    lines = _validation.non_negative_int("lines", lines)
+    count = int(np.count_nonzero(ids == line_end_id))
+    return int(round(lines * len(ids) / max(count, 1)))
+
+
+class ContinuedStreams(keras.utils.PyDataset):
+    """The endless windows of a `StreamDataset` (`StreamDataset.continued()`).
+
+    It has no length: Keras reads it with `fit(..., steps_per_epoch=...)`,
+    from one iterator across all epochs, so batch `i` it serves is window
+    `start_window + i` whatever the epoch — a pure function of the index,
+    which keeps resumed runs exact.
+    """
+
+    def __init__(self, dataset, start_window):
+        super().__init__(
+            workers=dataset.workers,
+            use_multiprocessing=dataset.use_multiprocessing,
+            max_queue_size=dataset.max_queue_size,
+        )
+        self.dataset = dataset
+        self.start_window = start_window
+
+    @property
+    def num_batches(self):
+        return None
+
+    @property
+    def batch_size(self):
+        return self.dataset.batch_size
+
+    def __getitem__(self, index):
+        if isinstance(index, (bool, np.bool_)) or not isinstance(
+            index, (int, np.integer)
+        ) or index < 0:
+            raise TypeError(
+                f"Expected a non-negative integer batch index. Received: {index!r}"
+            )
+        return self.dataset.continued_window(self.start_window + int(index))

@@ -6,6 +6,7 @@ from keras import ops
 
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
+from keras_mogrifier.data.batching import StreamDataset
 from keras_mogrifier.models import _input_checks
 from keras_mogrifier.models import _safe_calls
 
@@ -15,7 +16,7 @@ class EntryPointsMixin:
 
     def fit(
         self, x=None, y=None, *args, callbacks=None, stop_on_non_finite=True,
-        **kwargs,
+        reset_state_each_epoch=None, **kwargs,
     ):
         """Trains the model: `keras.Model.fit`, with what it is given checked.
 
@@ -23,8 +24,25 @@ class EntryPointsMixin:
         shapes, sample weights, batch sizes against the carried state, and
         `shuffle`, which a stateful model refuses); data that comes batch by
         batch is checked on the host as each batch is fetched, before its
-        update. A stateful model resets its carried state at the start of
-        every epoch.
+        update.
+
+        **Across epochs.** A stateful model given a `StreamDataset` (with
+        `drop_remainder=True`) trains the way the Mogrifier authors do:
+        there is no epoch boundary in the data or in the state. Every stream
+        goes on reading its text where the previous epoch left it
+        (`StreamDataset.continued()`, wrapping around the text with a
+        seeded, jittered start) and the carried recurrent state goes with it
+        (still dropped per row with `drop_state_probability`). An epoch is
+        `len(dataset)` windows (or `steps_per_epoch`), and with
+        `initial_epoch=e` training reads the windows the uninterrupted run
+        would have read in epoch `e`. Validation starts from zero state and
+        leaves the training state as it found it. Any other data (arrays,
+        other datasets) restarts every epoch, so the state is zeroed at each
+        epoch's start. `reset_state_each_epoch=True` gives a `StreamDataset`
+        that old behaviour too (each epoch restarts the streams from their
+        starts, from zero state): use it to reproduce results trained that
+        way (before version 0.2); `False` carries the state across epochs
+        whatever the data.
 
         A step whose loss (or a gradient) is NaN or infinite is not applied
         and does not move the carried state; with `stop_on_non_finite=True`
@@ -40,11 +58,24 @@ class EntryPointsMixin:
         Args:
             x, y, *args, callbacks, **kwargs: as `keras.Model.fit`.
             stop_on_non_finite: bool. See above. Defaults to `True`.
+            reset_state_each_epoch: bool or None. Zero the carried state and
+                restart the streams at each epoch's start (`True`), carry
+                both across epochs (`False`), or (`None`, the default) carry
+                them when the data is a `StreamDataset`, which continues
+                across epochs, and reset them for other data. Ignored for a
+                model without carried state.
         """
         if not isinstance(stop_on_non_finite, bool):
             raise ValueError(
                 "Expected `stop_on_non_finite` to be a bool. Received: "
                 f"stop_on_non_finite={stop_on_non_finite!r}"
+            )
+        if reset_state_each_epoch is not None and not isinstance(
+            reset_state_each_epoch, bool
+        ):
+            raise ValueError(
+                "Expected `reset_state_each_epoch` to be a bool or None. "
+                f"Received: reset_state_each_epoch={reset_state_each_epoch!r}"
             )
         arguments = _input_checks.bind(keras.Model.fit, x, y, *args, **kwargs)
         callbacks = list(arguments.pop("callbacks", None) or callbacks or [])
@@ -70,11 +101,28 @@ class EntryPointsMixin:
         )
         if validation is not None:
             arguments["validation_data"] = validation
+        data = arguments.get("x")
+        self._build_before_fit(data, batch_size)
         if self.stateful:
-            callbacks.insert(0, _ResetStatesEachEpoch())
+            continued = (
+                isinstance(data, StreamDataset)
+                and data.drop_remainder
+                and reset_state_each_epoch is not True
+            )
+            if reset_state_each_epoch is None:
+                reset_state_each_epoch = not continued
+            if reset_state_each_epoch:
+                callbacks.insert(0, _ResetStatesEachEpoch())
+            if continued:
+                steps = arguments.get("steps_per_epoch") or data.steps_per_epoch
+                steps = _validation.positive_int("steps_per_epoch", steps)
+                initial_epoch = _validation.non_negative_int(
+                    "initial_epoch", arguments.get("initial_epoch", 0)
+                )
+                arguments["x"] = data.continued(initial_epoch * steps)
+                arguments["steps_per_epoch"] = steps
             # Windows must arrive in order for the state to be carried.
             arguments.setdefault("shuffle", False)
-        self._build_before_fit(arguments.get("x"), batch_size)
         with _safe_calls.guarded_fit(
             self, callbacks, stop_on_non_finite, [check, validation_check]
         ) as callbacks:
