@@ -543,7 +543,9 @@ def _paper_row(args, path, backend, corpus, cell, budget):
     )
     compile_language_model(model, training)
     parameters = int(sum(np.prod(w.shape) for w in model.trainable_weights))
-    train_data = stream_dataset(corpus.train, training)
+    train_data = stream_dataset(
+        corpus.train, training, line_end_id=corpus.vocabulary.eos_id
+    )
     valid_data = stream_dataset(
         corpus.valid, training, training["eval_batch_size"], evaluation=True
     )
@@ -556,6 +558,7 @@ def _paper_row(args, path, backend, corpus, cell, budget):
         train_data, validation_data=valid_data,
         epochs=args.train_epochs or training["epochs"],
         shuffle=False, callbacks=callbacks, verbose=0,
+        reset_state_each_epoch=training["reset_state_each_epoch"],
     )
     steps = timer.steps
     tokens_per_step = training["batch_size"] * training["sequence_length"]

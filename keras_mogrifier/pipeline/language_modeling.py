@@ -22,7 +22,9 @@ from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.callbacks.divergence_recovery import DivergenceRecovery
 from keras_mogrifier.callbacks.two_tailed_averaging import TwoTailedAveraging
+from keras_mogrifier.data.batching import LAMB_START_JITTER_LINES
 from keras_mogrifier.data.batching import StreamDataset
+from keras_mogrifier.data.batching import lines_in_tokens
 from keras_mogrifier.evaluation.dynamic_evaluation_search import describe_setting
 from keras_mogrifier.evaluation.divergence_error import DivergenceError
 from keras_mogrifier.evaluation.dynamic_evaluator import DynamicEvaluator
@@ -111,14 +113,30 @@ def compile_language_model(model, training):
     return model
 
 
-def stream_dataset(ids, training, batch_size=None, evaluation=False):
-    """Windows of `ids` for training (full windows) or evaluation (all)."""
+def stream_dataset(ids, training, batch_size=None, evaluation=False, line_end_id=None):
+    """Windows of `ids` for training (full windows) or evaluation (all).
+
+    Training windows continue across epochs under `LanguageModel.fit`
+    (`StreamDataset.continued()`), wrapping around the text with starts
+    moved by up to `start_jitter_lines` lines (measured in tokens with
+    `line_end_id`; no move without it), seeded with `stream_seed`.
+    """
+    if evaluation:
+        return StreamDataset(
+            ids,
+            batch_size=batch_size or training["batch_size"],
+            sequence_length=training["sequence_length"],
+            drop_remainder=False,
+        )
+    lines = training.get("start_jitter_lines", LAMB_START_JITTER_LINES)
     return StreamDataset(
         ids,
         batch_size=batch_size or training["batch_size"],
         sequence_length=training["sequence_length"],
-        drop_remainder=not evaluation,
-        max_tokens=None if evaluation else training.get("max_tokens"),
+        drop_remainder=True,
+        max_tokens=training.get("max_tokens"),
+        start_jitter=0 if line_end_id is None else lines_in_tokens(ids, line_end_id, lines),
+        seed=training.get("stream_seed", 0),
     )
 
 
@@ -711,7 +729,9 @@ def run_experiment(
             f"corpus: {corpus.source}, {len(corpus.train):,} training tokens, "
             f"vocabulary {vocabulary_size:,}"
         )
-        train_data = stream_dataset(corpus.train, training)
+        train_data = stream_dataset(
+            corpus.train, training, line_end_id=_line_end_id(corpus)
+        )
         valid_data = stream_dataset(
             corpus.valid, training, training["eval_batch_size"], evaluation=True
         )
@@ -723,6 +743,7 @@ def run_experiment(
                 epochs=training["epochs"],
                 initial_epoch=initial_epoch,
                 shuffle=False,
+                reset_state_each_epoch=training.get("reset_state_each_epoch", False),
                 callbacks=training_callbacks(training, checkpoint_dir, valid_data)
                 + [epoch_log]
                 + list(callbacks or []),
@@ -909,6 +930,15 @@ def format_sample(sample):
         f"  prompt:       {sample['prompt']}\n"
         f"  continuation: {sample['continuation']}"
     )
+
+
+def _line_end_id(corpus):
+    """The id that ends a line of `corpus`'s text, or `None`."""
+    vocabulary = getattr(corpus, "vocabulary", None)
+    try:
+        return None if vocabulary is None else int(vocabulary.eos_id)
+    except (AttributeError, KeyError):
+        return None
 
 
 def _state_size(model):

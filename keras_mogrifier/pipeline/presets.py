@@ -378,6 +378,16 @@ TRAINING_DEFAULTS = {
     "max_tokens": None,
     "jit_compile": "auto",
     "data_parallel": False,
+    # Across epochs (LanguageModel.fit): the streams go on reading their text
+    # and the state is carried, as lamb trains; True restarts both each
+    # epoch (how this package trained before 0.2).
+    "reset_state_each_epoch": False,
+    # How far a stream's start moves when it wraps around the training text:
+    # lamb's ±100 lines (lamb/corpus.py, get_batches: start_jitter=100, in
+    # lines), in tokens at the text's mean line length.
+    "start_jitter_lines": 100,
+    # Seed of those moves (StreamDataset's `seed`).
+    "stream_seed": 0,
 }
 
 

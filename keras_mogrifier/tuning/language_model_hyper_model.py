@@ -53,8 +53,9 @@ class LanguageModelHyperModel(keras_tuner.HyperModel):
     Every trial builds a stateful `LanguageModel` for `batch_size` streams,
     compiles it as the pipeline does (`IWAEDropoutLoss`, `Perplexity` as a
     weighted metric), trains it with truncated BPTT on windows of
-    `sequence_length` tokens, in order (`shuffle=False`; the model zeroes its
-    state at every epoch and evaluation), and reports `val_perplexity`, the
+    `sequence_length` tokens, in order (`shuffle=False`; the streams and the
+    carried state continue across epochs, as `LanguageModel.fit` does, and
+    every evaluation starts from zero state), and reports `val_perplexity`, the
     objective (`LANGUAGE_MODEL_OBJECTIVE`, minimised). Use it with any
     KerasTuner tuner (`RandomSearch`, `BayesianOptimization`, `Hyperband`),
     or with `build_tuner`.
@@ -357,6 +358,10 @@ class LanguageModelHyperModel(keras_tuner.HyperModel):
         if not training.get("divergence_recovery"):
             extra.append(keras.callbacks.TerminateOnNaN())
         kwargs["shuffle"] = False  # windows in order: the state is carried
+        # Across epochs too (the streams continue), unless the config says.
+        kwargs.setdefault(
+            "reset_state_each_epoch", training.get("reset_state_each_epoch", False)
+        )
         try:
             history = model.fit(
                 train,
