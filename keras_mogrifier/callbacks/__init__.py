@@ -1,2 +1,3 @@
 from keras_mogrifier.callbacks.divergence_recovery import DivergenceRecovery
 from keras_mogrifier.callbacks.two_tailed_averaging import TwoTailedAveraging
+from keras_mogrifier.callbacks.training_checkpoint import TrainingCheckpoint

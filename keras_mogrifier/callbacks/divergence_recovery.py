@@ -312,6 +312,49 @@ class DivergenceRecovery(keras.callbacks.Callback):
                 print(message)
         return False
 
+    # === Resuming (TrainingCheckpoint) ===
+
+    def get_resume_state(self):
+        """What a `TrainingCheckpoint` saves of this callback: its counters,
+        the best value, and its own checkpoint (the arrays, when it keeps
+        them in memory; with `filepath` they stay in that file)."""
+        state = {
+            "recoveries": self.recoveries,
+            "consecutive_recoveries": self.consecutive_recoveries,
+            "recoveries_log": self.recoveries_log,
+            "best": self.best,
+            "lowest_loss": self.lowest_loss,
+            "checkpoint_info": self._checkpoint_info,
+            "warned_missing_monitor": self._warned_missing_monitor,
+            "checkpoint": None,
+        }
+        arrays = []
+        if self._checkpoint is not None:
+            if self.filepath is None:
+                weights, optimizer_values = self._checkpoint
+                state["checkpoint"] = [len(weights), len(optimizer_values)]
+                arrays = list(weights) + list(optimizer_values)
+            else:
+                state["checkpoint"] = list(self._checkpoint)
+        return state, arrays
+
+    def set_resume_state(self, state, arrays):
+        self.recoveries = state["recoveries"]
+        self.consecutive_recoveries = state["consecutive_recoveries"]
+        self.recoveries_log = list(state["recoveries_log"])
+        self.best = state["best"]
+        self.lowest_loss = state["lowest_loss"]
+        self._checkpoint_info = state["checkpoint_info"]
+        self._warned_missing_monitor = state["warned_missing_monitor"]
+        self._pending_start = False
+        counts = state["checkpoint"]
+        if counts is None:
+            self._checkpoint = None
+        elif self.filepath is None:
+            self._checkpoint = (list(arrays[: counts[0]]), list(arrays[counts[0]:]))
+        else:
+            self._checkpoint = tuple(counts)
+
     # === Callback hooks ===
 
     def on_train_begin(self, logs=None):

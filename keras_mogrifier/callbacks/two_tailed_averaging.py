@@ -1,3 +1,4 @@
+import json
 import logging
 
 import keras
@@ -322,6 +323,18 @@ class TwoTailedAveraging(keras.callbacks.Callback):
         logger.info(message)
         if self.verbose:
             print(message)
+
+    # === Resuming (TrainingCheckpoint) ===
+
+    def get_resume_state(self):
+        """What a `TrainingCheckpoint` saves of this callback: the
+        evaluations so far (the averages and the controller live in the
+        optimizer's variables, which the checkpoint saves)."""
+        return {"evaluations": json.loads(json.dumps(self.evaluations, default=float))}, []
+
+    def set_resume_state(self, state, arrays):
+        self.evaluations = list(state.get("evaluations", []))
+        self._last_index = None  # read again from the restored step count
 
     # === Callback hooks ===
 

@@ -6,7 +6,9 @@ from keras import ops
 
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
+from keras_mogrifier.callbacks.training_checkpoint import TrainingCheckpoint
 from keras_mogrifier.data.batching import StreamDataset
+from keras_mogrifier.models import _resume
 from keras_mogrifier.models import _input_checks
 from keras_mogrifier.models import _safe_calls
 
@@ -103,6 +105,7 @@ class EntryPointsMixin:
             arguments["validation_data"] = validation
         data = arguments.get("x")
         self._build_before_fit(data, batch_size)
+        continued = False
         if self.stateful:
             continued = (
                 isinstance(data, StreamDataset)
@@ -113,20 +116,64 @@ class EntryPointsMixin:
                 reset_state_each_epoch = not continued
             if reset_state_each_epoch:
                 callbacks.insert(0, _ResetStatesEachEpoch())
-            if continued:
-                steps = arguments.get("steps_per_epoch") or data.steps_per_epoch
-                steps = _validation.positive_int("steps_per_epoch", steps)
-                initial_epoch = _validation.non_negative_int(
-                    "initial_epoch", arguments.get("initial_epoch", 0)
-                )
-                arguments["x"] = data.continued(initial_epoch * steps)
-                arguments["steps_per_epoch"] = steps
             # Windows must arrive in order for the state to be carried.
             arguments.setdefault("shuffle", False)
+        steps = None
+        if continued:
+            steps = arguments.get("steps_per_epoch") or data.steps_per_epoch
+            steps = _validation.positive_int("steps_per_epoch", steps)
+            arguments["steps_per_epoch"] = steps
+        checkpoints = [c for c in callbacks if isinstance(c, TrainingCheckpoint)]
+        if len(checkpoints) > 1:
+            raise ValueError(
+                "Expected at most one TrainingCheckpoint among the callbacks. "
+                f"Received: {len(checkpoints)}"
+            )
+        checkpoint = checkpoints[0] if checkpoints else None
+        saved = None
+        if checkpoint is not None:
+            checkpoint.bind(self, data, steps, callbacks)
+            if checkpoint.resume:
+                saved = self._checkpoint_to_resume(checkpoint, continued)
+        if continued and saved is None:
+            initial_epoch = _validation.non_negative_int(
+                "initial_epoch", arguments.get("initial_epoch", 0)
+            )
+            arguments["x"] = data.continued(initial_epoch * steps)
         with _safe_calls.guarded_fit(
             self, callbacks, stop_on_non_finite, [check, validation_check]
         ) as callbacks:
+            if saved is not None:
+                return _resume.fit_resumed(
+                    self, super().fit, callbacks, arguments, checkpoint, saved,
+                    data, steps,
+                )
             return super().fit(callbacks=callbacks, **arguments)
+
+    def _checkpoint_to_resume(self, checkpoint, continued):
+        """The saved progress of `checkpoint`, checked against this run
+        (`None` when there is none: the run starts from the beginning)."""
+        saved = checkpoint.read()
+        if saved is None:
+            return None
+        if saved.get("format") != 2:
+            raise ValueError(
+                f"Expected a checkpoint written by TrainingCheckpoint in "
+                f"{checkpoint.directory!r}. Received: one in an older format "
+                "(last.keras and progress.json only), which resumes at an "
+                "epoch's start only: load it with "
+                "keras_mogrifier.pipeline.language_modeling.load_checkpoint"
+            )
+        if not continued:
+            raise ValueError(
+                "Expected a StreamDataset as training data (with "
+                "drop_remainder=True and the state carried across epochs) to "
+                "resume from a TrainingCheckpoint: its windows are a function "
+                "of the epoch and step, so the run can go on where it "
+                "stopped. Received: other data, or reset_state_each_epoch=True"
+            )
+        checkpoint.check(saved)
+        return saved
 
     def _build_before_fit(self, x, batch_size):
         """Builds the model from its first batch before `fit` calls any callback.
