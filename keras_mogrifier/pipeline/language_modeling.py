@@ -21,6 +21,8 @@ import numpy as np
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.callbacks.divergence_recovery import DivergenceRecovery
+from keras_mogrifier.callbacks.training_checkpoint import TrainingCheckpoint
+from keras_mogrifier.callbacks.training_checkpoint import read_progress
 from keras_mogrifier.callbacks.two_tailed_averaging import TwoTailedAveraging
 from keras_mogrifier.data.batching import LAMB_START_JITTER_LINES
 from keras_mogrifier.data.batching import StreamDataset
@@ -157,8 +159,17 @@ def halving_schedule(base, after):
     return schedule
 
 
-def training_callbacks(training, checkpoint_dir=None, validation_data=None):
-    """Callbacks of a training config: schedule, recovery, averaging, saving."""
+def training_callbacks(
+    training, checkpoint_dir=None, validation_data=None, resume=False,
+    checkpoint_every_steps=None,
+):
+    """Callbacks of a training config: schedule, recovery, averaging, saving.
+
+    With `checkpoint_dir`, a `TrainingCheckpoint` there (every epoch's end,
+    and every `checkpoint_every_steps` steps), resuming from it when
+    `resume`; its `config` is the training config without `epochs` (a run
+    may be resumed to train for longer).
+    """
     callbacks = []
     if training.get("halve_after_epoch"):
         callbacks.append(
@@ -186,28 +197,18 @@ def training_callbacks(training, checkpoint_dir=None, validation_data=None):
         )
     if checkpoint_dir:
         os.makedirs(checkpoint_dir, exist_ok=True)
-        callbacks.append(_EpochCheckpoint(checkpoint_dir))
+        callbacks.append(
+            TrainingCheckpoint(
+                checkpoint_dir, save_every_steps=checkpoint_every_steps,
+                resume=resume, config=checkpoint_config(training),
+            )
+        )
     return callbacks
 
 
-class _EpochCheckpoint(keras.callbacks.Callback):
-    """Saves the whole model (weights and optimizer) after every epoch, and in
-    `progress.json` the epochs done and every epoch's logs (`history`), so a
-    resumed run still reports the curves of the epochs before it."""
-
-    def __init__(self, directory):
-        super().__init__()
-        self.directory = directory
-        # The epochs a resumed run starts after (a fresh run overwrites them:
-        # epoch `e` keeps the first `e` entries only).
-        self.history = checkpoint_history(directory)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.model.save(os.path.join(self.directory, "last.keras"))
-        self.history = self.history[:epoch] + [_floats(logs)]
-        with open(os.path.join(self.directory, "progress.json"), "w") as f:
-            json.dump({"epochs_done": epoch + 1, "logs": _floats(logs),
-                       "history": self.history}, f)
+def checkpoint_config(training):
+    """What of a training config a resumed run must share: all but `epochs`."""
+    return {k: v for k, v in training.items() if k != "epochs"}
 
 
 def checkpoint_history(checkpoint_dir):
@@ -225,7 +226,14 @@ def checkpoint_history(checkpoint_dir):
 
 
 def load_checkpoint(checkpoint_dir):
-    """The model and the number of epochs done saved in `checkpoint_dir`."""
+    """The model saved at the last epoch end in `checkpoint_dir`
+    (`last.keras`) and the number of epochs done.
+
+    This is the model as it was after that epoch, for use or inspection; an
+    exact resume (from any step, with every random-number generator and
+    callback state) is `run_experiment(..., resume=True)` or
+    `LanguageModel.fit` with a `TrainingCheckpoint(resume=True)`.
+    """
     path = os.path.join(checkpoint_dir, "last.keras")
     progress = os.path.join(checkpoint_dir, "progress.json")
     if not (os.path.exists(path) and os.path.exists(progress)):
@@ -625,6 +633,7 @@ def run_experiment(
     training_overrides=None,
     checkpoint_dir=None,
     resume=False,
+    checkpoint_every_steps=None,
     dynamic=True,
     dynamic_options=None,
     verbose="auto",
@@ -641,8 +650,18 @@ def run_experiment(
         preset: str. A preset name (see `keras_mogrifier.pipeline.presets`).
         model_overrides: dict. Overrides of `LanguageModel` arguments.
         training_overrides: dict. Overrides of training settings.
-        checkpoint_dir: str or None. Save the model after every epoch here.
-        resume: bool. Continue from the checkpoint in `checkpoint_dir`.
+        checkpoint_dir: str or None. Keep a `TrainingCheckpoint` here: all
+            that training needs to resume exactly, saved at every epoch's
+            end (with the model as `last.keras`) and every
+            `checkpoint_every_steps` steps.
+        resume: bool. Continue from the checkpoint in `checkpoint_dir`, at
+            the step where it was saved; the resumed run ends as the
+            uninterrupted one would (docs/training-recipe.md). A checkpoint
+            of other settings (model, data, training settings other than
+            `epochs`) is refused with a `ValueError`. Without a checkpoint
+            there, training starts from the beginning.
+        checkpoint_every_steps: int or None. Also checkpoint every this many
+            steps within an epoch. Defaults to `None` (epoch ends only).
         dynamic: bool. Also run dynamic evaluation. Defaults to `True`.
         dynamic_options: dict. Arguments of `dynamic_evaluation`.
         verbose: `"auto"`, 0, 1 or 2. 1: Keras's progress bars (during each
@@ -707,21 +726,36 @@ def run_experiment(
             )
         if data_parallel:
             log(f"data-parallel training over {replicas} devices")
-        if resume:
-            if not checkpoint_dir:
-                raise ValueError(
-                    "Expected `checkpoint_dir` with `resume=True`. "
-                    "Received: checkpoint_dir=None"
-                )
+        if resume and not checkpoint_dir:
+            raise ValueError(
+                "Expected `checkpoint_dir` with `resume=True`. "
+                "Received: checkpoint_dir=None"
+            )
+        saved = read_progress(checkpoint_dir) if resume else None
+        if saved is not None and saved.get("format") != 2:
+            # Written before TrainingCheckpoint: the model at an epoch end.
             model, initial_epoch = load_checkpoint(checkpoint_dir)
             earlier = checkpoint_history(checkpoint_dir)[:initial_epoch]
-            log(f"resumed from {checkpoint_dir} after epoch {initial_epoch}")
+            resume_exactly = False
+            log(
+                f"resumed from {checkpoint_dir} after epoch {initial_epoch} "
+                "(an older checkpoint: from that epoch's end, with fresh "
+                "random-number generators)"
+            )
         else:
+            if saved is not None:
+                initial_epoch = saved["epoch"]
+                earlier = list(saved.get("history") or [])[:initial_epoch]
+                log(
+                    f"resuming from {checkpoint_dir}: epoch {saved['epoch'] + 1}, "
+                    f"after step {saved['step']}"
+                )
             model = build_language_model(
                 vocabulary_size, config["model"], training["batch_size"],
                 vocabulary=corpus.vocabulary,
             )
             compile_language_model(model, training)
+            resume_exactly = saved is not None
         log(
             f"model: {config['model'].get('cell')} "
             f"{config['model'].get('num_layers')}×{config['model'].get('units')}, "
@@ -744,7 +778,11 @@ def run_experiment(
                 initial_epoch=initial_epoch,
                 shuffle=False,
                 reset_state_each_epoch=training.get("reset_state_each_epoch", False),
-                callbacks=training_callbacks(training, checkpoint_dir, valid_data)
+                callbacks=training_callbacks(
+                    training, checkpoint_dir, valid_data,
+                    resume=resume and resume_exactly,
+                    checkpoint_every_steps=checkpoint_every_steps,
+                )
                 + [epoch_log]
                 + list(callbacks or []),
                 verbose=1 if verbose == 1 else 0,
@@ -943,10 +981,6 @@ def _line_end_id(corpus):
 
 def _state_size(model):
     return sum(int(np.prod(v.shape)) for v in model.non_trainable_weights)
-
-
-def _floats(logs):
-    return {k: float(v) for k, v in (logs or {}).items()}
 
 
 def write_results(results, path):
