@@ -187,8 +187,8 @@ class TrainingCheckpoint(keras.callbacks.Callback):
             lambda path: _write_json(path, progress),
         )
         for old in os.listdir(self.directory):
-            match = _STATE.match(old)
-            if match and old != name:
+            # Earlier states, and what a killed writer left half written.
+            if (_STATE.match(old) and old != name) or ".partial-" in old:
                 os.remove(os.path.join(self.directory, old))
         self.saves += 1
 
@@ -272,9 +272,9 @@ def fingerprint(model, data, steps_per_epoch, config):
     optimizer = model.optimizer
     # Names (of the model, of its variables) differ from process to
     # process; the shapes and the order are what a restore relies on.
-    config = {k: v for k, v in model.get_config().items() if k != "name"}
+    model_config = {k: v for k, v in model.get_config().items() if k != "name"}
     return _jsonable({
-        "model": config,
+        "model": model_config,
         "variables": [[list(v.shape), str(v.dtype)] for v in model.variables],
         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
         "optimizer_variables": (
