@@ -431,9 +431,18 @@ class _EpochRecord(keras.callbacks.Callback):
         super().__init__()
         self.path = path
         self.start = None
+        self.first_batch_loss = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self.start = time.time()
+        self.first_batch_loss = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        # Batch 0 of an epoch (a resumed epoch's batches are numbered from
+        # the step it resumed at): the loss of the epoch's first update,
+        # the epoch boundary's cost (issue 39).
+        if batch == 0 and logs and "loss" in logs:
+            self.first_batch_loss = float(logs["loss"])
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
@@ -441,6 +450,8 @@ class _EpochRecord(keras.callbacks.Callback):
         records[str(epoch)] = {
             "valid_perplexity": float(logs.get("val_perplexity", math.nan)),
             "train_perplexity": float(logs.get("perplexity", math.nan)),
+            "train_loss": float(logs.get("loss", math.nan)),
+            "first_batch_loss": self.first_batch_loss,
             "seconds": time.time() - self.start,
         }
         with open(self.path + ".tmp", "w") as f:
@@ -455,7 +466,8 @@ def read_epoch_records(path):
         return json.load(f)
 
 
-def train_final(row, corpus, settings, seed, epochs, checkpoint_dir, dynamic):
+def train_final(row, corpus, settings, seed, epochs, checkpoint_dir, dynamic,
+                reset_state_each_epoch=None):
     """Trains the row's chosen setting with `seed` for `epochs` of its schedule.
 
     The learning-rate schedule is the row's own (cosine over the full
@@ -468,6 +480,8 @@ def train_final(row, corpus, settings, seed, epochs, checkpoint_dir, dynamic):
         cosine_decay_steps=settings["epochs"] * steps,
         eval_batch_size=settings["batch_size"],
     )
+    if reset_state_each_epoch is not None:
+        training["reset_state_each_epoch"] = reset_state_each_epoch
     os.makedirs(checkpoint_dir, exist_ok=True)
     record = os.path.join(checkpoint_dir, "epochs.json")
     resume = os.path.exists(os.path.join(checkpoint_dir, "progress.json"))
@@ -499,12 +513,18 @@ def train_final(row, corpus, settings, seed, epochs, checkpoint_dir, dynamic):
     )
     records = read_epoch_records(record)
     curve = [records.get(str(e), {}).get("valid_perplexity") for e in range(epochs)]
+    boundary = [
+        {k: records.get(str(e), {}).get(k) for k in ("first_batch_loss", "train_loss")}
+        for e in range(epochs)
+    ]
     train_seconds = sum(r["seconds"] for r in records.values())
     tokens = results["train_tokens_per_epoch"] * len(records)
     figures = {
         "seed": seed,
         "epochs_trained": epochs,
         "valid_perplexity_by_epoch": curve,
+        "epoch_losses": boundary,
+        "reset_state_each_epoch": training.get("reset_state_each_epoch", False),
         "static": {
             "valid": results["valid_perplexity"],
             "test": results["test_perplexity"],
@@ -654,24 +674,38 @@ def check_row(args, corpus):
            ("name", "cell", "params", "units", "hyperparameters", "trials",
             "seed", "commit")}
     row.update(seconds={"trials": 0.0}, command=args.command)
+    seed = recorded["seed"] if args.row_seed is None else args.row_seed
     figures = train_final(
-        row, corpus, settings, recorded["seed"], epochs,
-        os.path.join(args.work_dir, "checks", args.row),
+        row, corpus, settings, seed, epochs,
+        os.path.join(args.work_dir, "checks", f"{args.row}_seed{seed}"),
         dynamic=not args.no_dynamic,
+        reset_state_each_epoch=args.reset_state_each_epoch,
     )
     row["seeds"] = [figures]
     summarise(row)
     row["commit"] = commit()
     row["complete"] = epochs == settings["epochs"]
-    # The row's curve once it is complete, else its first seed's so far.
-    curve = recorded.get("valid_perplexity_by_epoch") or next(
+    # This seed's recorded curve, else the row's (its first seed's).
+    curve = next(
         (s.get("valid_perplexity_by_epoch") for s in recorded.get("seeds", [])
-         if s.get("seed") == row["seed"]), None
-    )
+         if s.get("seed") == seed), None
+    ) or recorded.get("valid_perplexity_by_epoch")
     first = (curve or [None])[0]
     row["recorded_first_epoch_valid_perplexity"] = first
     os.makedirs(args.output, exist_ok=True)
-    path = os.path.join(args.output, f"{args.row}.json")
+    row["seed"] = seed
+    recorded_seed = next(
+        (s for s in recorded.get("seeds", []) if s.get("seed") == seed), None
+    )
+    if recorded_seed is not None:
+        row["recorded"] = {
+            k: recorded_seed.get(k)
+            for k in ("valid_perplexity_by_epoch", "static", "dynamic")
+        }
+    path = os.path.join(
+        args.output,
+        f"{args.row}.json" if args.row_seed is None else f"{args.row}_seed{seed}.json",
+    )
     with open(path, "w") as f:
         json.dump(row, f, indent=1)
     again = row["valid_perplexity_by_epoch"][0]
@@ -865,6 +899,11 @@ def parse_args(argv=None):
     parser.add_argument("--output", help="with --row: directory for ROW.json")
     parser.add_argument("--no-dynamic", action="store_true",
                         help="with --row: skip dynamic evaluation")
+    parser.add_argument("--row-seed", type=int,
+                        help="with --row: train this seed (default: the row's first)")
+    parser.add_argument("--reset-state-each-epoch", action="store_true", default=None,
+                        help="with --row: restart the streams and zero the state at "
+                        "each epoch, as the recorded study trained (default: carried)")
     parser.add_argument("--table", action="store_true", help="print the table of --json")
     parser.add_argument("--figure", help="draw the test-perplexity chart of --json here")
     parser.add_argument("--add-gpu-rows", nargs="+", metavar="GPU_JSON",

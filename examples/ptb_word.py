@@ -105,9 +105,14 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
                         help="seed of the weights' initialisation, dropout and "
                              "sampling (keras.utils.set_random_seed): the same run "
                              "twice gives the same figures on one machine and backend")
-    parser.add_argument("--checkpoint-dir", help="save the model after every epoch here")
+    parser.add_argument("--checkpoint-dir",
+                        help="keep a training checkpoint here (every epoch's end, and "
+                             "every --checkpoint-every steps); the model as last.keras")
+    parser.add_argument("--checkpoint-every", type=int, metavar="STEPS",
+                        help="also checkpoint every STEPS training steps within an epoch")
     parser.add_argument("--resume", action="store_true",
-                        help="continue training from --checkpoint-dir")
+                        help="continue training from --checkpoint-dir where it stopped "
+                             "(any step): it ends as the uninterrupted run would")
     parser.add_argument("--results-json", help="write the results to this JSON file")
     parser.add_argument("--save-model",
                         help="save the trained model (with its vocabulary) to this .keras file")
@@ -173,6 +178,7 @@ def main(argv=None, level="word", default_preset="tiny"):
         training_overrides=training_overrides,
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
+        checkpoint_every_steps=args.checkpoint_every,
         dynamic=not args.no_dynamic,
         dynamic_options={
             "segment_length": segment_length,
