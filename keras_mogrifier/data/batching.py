@@ -119,7 +119,8 @@ class StreamDataset(keras.utils.PyDataset):
             `None`.
         seed: int or None. Seed of the wrap offsets, so that a run (and a
             resumed run) reads the same windows. `None` draws one (see the
-            `seed` attribute). Defaults to `None`.
+            `seed` attribute; a run resumed from a `TrainingCheckpoint` then
+            needs that seed given). Defaults to `0`.
         **kwargs: `workers`, `use_multiprocessing`, `max_queue_size` of
             `keras.utils.PyDataset`.
 
@@ -147,7 +148,7 @@ class StreamDataset(keras.utils.PyDataset):
         max_tokens=None,
         start_jitter=None,
         line_end_id=None,
-        seed=None,
+        seed=0,
         **kwargs,
     ):
         ids = _as_id_stream(ids)

@@ -56,7 +56,8 @@ def test_wrap_offsets_are_seeded_bounded_and_move():
     np.testing.assert_array_equal(again.pass_offsets(4), data.pass_offsets(4))
     other = StreamDataset(ids, batch_size=16, sequence_length=5, start_jitter=9, seed=4)
     assert not np.array_equal(other.pass_offsets(4), data.pass_offsets(4))
-    assert StreamDataset(ids, 2, 5).seed >= 0  # drawn when not given
+    assert StreamDataset(ids, 2, 5).seed == 0
+    assert StreamDataset(ids, 2, 5, seed=None).seed >= 0  # drawn
 
 
 def test_lamb_jitter_is_100_lines_in_tokens():
