@@ -747,8 +747,9 @@ def run_experiment(
                 initial_epoch = saved["epoch"]
                 earlier = list(saved.get("history") or [])[:initial_epoch]
                 log(
-                    f"resuming from {checkpoint_dir}: epoch {saved['epoch'] + 1}, "
-                    f"after step {saved['step']}"
+                    f"resumed from {checkpoint_dir} at epoch {saved['epoch'] + 1}, "
+                    f"step {saved['step']} (exactly: every random-number "
+                    "generator and callback state as saved)"
                 )
             model = build_language_model(
                 vocabulary_size, config["model"], training["batch_size"],
