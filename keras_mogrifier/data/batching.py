@@ -408,7 +408,20 @@ def lines_in_tokens(ids, line_end_id, lines):
     return int(round(lines * len(ids) / max(count, 1)))
 
 
-class ContinuedStreams(keras.utils.PyDataset):
+class DatasetView(keras.utils.PyDataset):
+    """A `PyDataset` serving another one's batches (with its workers,
+    multiprocessing and queue settings) in some other way."""
+
+    def __init__(self, dataset):
+        super().__init__(
+            workers=dataset.workers,
+            use_multiprocessing=dataset.use_multiprocessing,
+            max_queue_size=dataset.max_queue_size,
+        )
+        self.dataset = dataset
+
+
+class ContinuedStreams(DatasetView):
     """The endless windows of a `StreamDataset` (`StreamDataset.continued()`).
 
     It has no length: Keras reads it with `fit(..., steps_per_epoch=...)`,
@@ -418,12 +431,7 @@ class ContinuedStreams(keras.utils.PyDataset):
     """
 
     def __init__(self, dataset, start_window):
-        super().__init__(
-            workers=dataset.workers,
-            use_multiprocessing=dataset.use_multiprocessing,
-            max_queue_size=dataset.max_queue_size,
-        )
-        self.dataset = dataset
+        super().__init__(dataset)
         self.start_window = start_window
 
     @property

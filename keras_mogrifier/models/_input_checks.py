@@ -17,6 +17,7 @@ import numpy as np
 
 from keras_mogrifier import _validation
 from keras_mogrifier.backend import get_backend_module
+from keras_mogrifier.data.batching import DatasetView
 from keras_mogrifier.data.batching import StreamDataset
 
 KERAS_DEFAULT_BATCH_SIZE = 32
@@ -142,16 +143,11 @@ class BatchCheck:
         return None
 
 
-class _CheckedPyDataset(keras.utils.PyDataset):
+class _CheckedPyDataset(DatasetView):
     """A `PyDataset` whose batches are checked as they are fetched."""
 
     def __init__(self, dataset, check):
-        super().__init__(
-            workers=dataset.workers,
-            use_multiprocessing=dataset.use_multiprocessing,
-            max_queue_size=dataset.max_queue_size,
-        )
-        self.dataset = dataset
+        super().__init__(dataset)
         self.check = check
 
     def __len__(self):
