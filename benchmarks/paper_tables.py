@@ -675,9 +675,10 @@ def check_row(args, corpus):
             "seed", "commit")}
     row.update(seconds={"trials": 0.0}, command=args.command)
     seed = recorded["seed"] if args.row_seed is None else args.row_seed
+    name = f"{args.row}_seed{seed}" + ("_reset" if args.reset_state_each_epoch else "")
     figures = train_final(
         row, corpus, settings, seed, epochs,
-        os.path.join(args.work_dir, "checks", f"{args.row}_seed{seed}"),
+        os.path.join(args.work_dir, "checks", name),
         dynamic=not args.no_dynamic,
         reset_state_each_epoch=args.reset_state_each_epoch,
     )
@@ -704,7 +705,8 @@ def check_row(args, corpus):
         }
     path = os.path.join(
         args.output,
-        f"{args.row}.json" if args.row_seed is None else f"{args.row}_seed{seed}.json",
+        f"{args.row}.json" if args.row_seed is None and not args.reset_state_each_epoch
+        else f"{name}.json",
     )
     with open(path, "w") as f:
         json.dump(row, f, indent=1)
