@@ -1,4 +1,4 @@
-"""The papers' comparison at CPU scale: do the better cells beat a tuned LSTM?
+"""The papers' comparison at CPU scale: do the better cells beat an LSTM at equal parameters?
 
 Penn Treebank, word level. Every row is a 2-layer residual language model
 (Circling Back §3: tied embeddings, cell-output dropout, capped input gate,
