@@ -104,6 +104,7 @@ class TrainingCheckpoint(keras.callbacks.Callback):
         self._epoch = 0
         self._step = 0
         self._counter = 0
+        self._pending_callbacks = ({}, {})
 
     # === What fit tells it ===
 
@@ -233,7 +234,7 @@ class TrainingCheckpoint(keras.callbacks.Callback):
     def restore_callbacks(self):
         """Gives the callbacks their saved state (after their
         `on_train_begin`, which starts them afresh)."""
-        states, arrays = getattr(self, "_pending_callbacks", ({}, {}))
+        states, arrays = self._pending_callbacks
         for index, callback in enumerate(self._callbacks):
             key = f"{index}:{type(callback).__name__}"
             if key not in states:
@@ -304,7 +305,7 @@ def _differences(saved, current, prefix="", limit=6):
                 walk(a.get(key), b.get(key), f"{path}.{key}" if path else key)
         elif a != b:
             if path.startswith(("variables", "optimizer_variables")):
-                path, a, b = path, f"{len(a or [])} variables", f"{len(b or [])} variables"
+                a, b = f"{len(a or [])} variables", f"{len(b or [])} variables"
                 if a == b:
                     a, b = "other names or shapes", "these"
             out.append(f"{path}: {_short(a)} in the checkpoint, {_short(b)} here")
