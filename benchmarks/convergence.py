@@ -1,0 +1,621 @@
+"""The cells at convergence on Penn Treebank: each tuned for itself, trained to its plateau.
+
+The second study of the cells at 2.65M parameters (issue 40), after the
+5-epoch one of `paper_tables.py`: the same model (2 residual layers, tied
+embeddings, cell-output dropout, capped input gate, forget bias 1, the
+`units` of each cell picked for 2.65M parameters ± 3 %), trained the way the
+authors train — the state carried across epochs (lamb), Rectified Adam with
+β₁ = 0, divergence recovery and Two-Tailed Averaging at a constant learning
+rate (Circling Back §5) — until validation stops improving.
+
+**Tuning, the same for every cell.** `CANDIDATES` settings of the learning
+rate and the four dropout rates, drawn once by Latin hypercube sampling from
+`RANGES` (the same settings for every cell: the same search). Successive
+halving on validation perplexity of the averaged weights: all candidates
+train `RUNGS[0]` epochs, the better half goes on to `RUNGS[1]`, the better
+half of those trains to its plateau, and the better of those two at its
+plateau wins — the last ranking is at the full budget. The first cut is the
+cheap one; a candidate the first cut drops is reported with its curve.
+
+**Convergence.** An epoch is a pass over the training text (the streams go
+on reading it, the state carried). Training stops when validation perplexity
+has not improved by `MIN_DELTA` for `PATIENCE` epochs (or after `MAX_EPOCHS`,
+which the JSON then says); the best epoch's weights — the long average that
+validation scored — are kept (`best.weights.npz` in the run's folder).
+
+**Seeds.** Every candidate trains with seed 1 (the same initial weights and
+dropout draws); the winner's seed-1 run is its first seed, seeds 2 and 3 are
+trained from scratch. The first seed was selected on its own validation
+curve (test never is), which the docs say beside the spread.
+
+Every finished epoch goes into the row's JSON at once
+(`benchmarks/results/convergence/<row>.json`); every run keeps a
+`TrainingCheckpoint` in `--work-dir` (git-ignored) every epoch end and every
+`--checkpoint-every` steps, and `--resume` continues each run at the step
+it stopped, exactly as the uninterrupted run would have gone. One row per
+process: two rows run side by side on two cores.
+
+    # a row, in the background, resumable (hours to days on a CPU)
+    KERAS_BACKEND=jax nohup python benchmarks/convergence.py \\
+        --data-dir ../shared/data/ptb --row lstm --resume \\
+        > runs/convergence_lstm.log 2>&1 &
+    # the table of every row so far
+    python benchmarks/convergence.py --table
+
+Without `--data-dir` the package's embedded synthetic corpus is used (a
+smoke run; its perplexities mean nothing for Penn Treebank).
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import paper_tables  # noqa: E402
+
+from keras_mogrifier.backend import get_backend_module  # noqa: E402
+from keras_mogrifier.data import load_corpus  # noqa: E402
+from keras_mogrifier.data import synthetic_corpus  # noqa: E402
+from keras_mogrifier.pipeline import language_modeling as lm  # noqa: E402
+from keras_mogrifier.pipeline import units as lamb_units  # noqa: E402
+from keras_mogrifier.pipeline.presets import TRAINING_DEFAULTS  # noqa: E402
+
+REPOSITORY = paper_tables.REPOSITORY
+DEFAULT_OUTPUT = os.path.join(REPOSITORY, "benchmarks", "results", "convergence")
+DEFAULT_WORK_DIR = os.path.join(REPOSITORY, "runs", "convergence")
+
+ROWS = ("lstm", "mogrifier_rlstm", "mogrifier_lstm", "rlstm")
+CANDIDATES = 8
+CANDIDATE_SEED = 40  # the Latin hypercube's seed: the same draw for every row
+RUNGS = (6, 12)  # successive halving: epochs at the first and second cut
+PATIENCE = 3  # epochs without an improvement of MIN_DELTA: the plateau
+MIN_DELTA = 0.1  # validation perplexity
+MAX_EPOCHS = 80
+SEEDS = (1, 2, 3)
+# The searched ranges contain the published settings: the Mogrifier paper's
+# released PTB configuration (lr 2.3e-3; dropout input/inter-layer/state/
+# output .73/.29/.39/.72, SPEC §7) and its Table 4 learning rates
+# 1e-3–4e-3; Circling Back's RAdam "allows slightly higher learning rates"
+# (§5). Learning rate log-uniform, dropout rates uniform.
+RANGES = {
+    "learning_rate": (7e-4, 5e-3),
+    "input_dropout": (0.0, 0.75),
+    "cell_output_dropout": (0.0, 0.5),
+    "state_dropout": (0.0, 0.5),
+    "output_dropout": (0.0, 0.75),
+}
+LOG_SCALE = ("learning_rate",)
+BATCH_SIZE = 32  # as the 5-epoch study (issue 28)
+SEQUENCE_LENGTH = 35
+AVERAGING_FREQUENCY = 1000  # Two-Tailed Averaging's E (Circling Back §5)
+
+
+# === Configuration ===
+
+
+def study_settings(args):
+    """What every row shares (recorded in each row's JSON)."""
+    return {
+        "parameters": args.parameters,
+        "parameter_tolerance": paper_tables.PARAMETER_TOLERANCE,
+        "num_layers": 2,
+        "batch_size": BATCH_SIZE,
+        "sequence_length": SEQUENCE_LENGTH,
+        "optimizer": "radam",
+        "beta_1": 0.0,
+        "epsilon": paper_tables.ADAM_EPSILON,
+        "global_clipnorm": lamb_units.summed_loss_clipnorm(
+            paper_tables.LAMB_CLIP, SEQUENCE_LENGTH
+        ),
+        "l2": lamb_units.summed_loss_l2(paper_tables.LAMB_L2, SEQUENCE_LENGTH),
+        "drop_state_probability": paper_tables.DROP_STATE_PROBABILITY,
+        "mogrifier_rounds": paper_tables.MOGRIFIER_ROUNDS,
+        "mogrifier_rank_per_unit": paper_tables.MOGRIFIER_RANK_PER_UNIT,
+        "schedule": "constant learning rate; divergence recovery (×0.9); "
+        f"Two-Tailed Averaging every {AVERAGING_FREQUENCY} steps",
+        "state": "carried across epochs (lamb), streams jittered ±100 lines",
+        "candidates": args.candidates,
+        "candidate_seed": CANDIDATE_SEED,
+        "ranges": {k: list(v) for k, v in RANGES.items()},
+        "log_scale": list(LOG_SCALE),
+        "rungs": list(args.rungs),
+        "patience": PATIENCE,
+        "min_delta": MIN_DELTA,
+        "max_epochs": args.max_epochs,
+        "seeds": list(args.seeds),
+        "max_tokens": args.max_tokens,
+    }
+
+
+def latin_hypercube(ranges, count, seed, log_scale=()):
+    """`count` settings, each range cut in `count` equal strata and every
+    stratum used once per dimension (log-uniform for `log_scale`)."""
+    rng = np.random.default_rng(seed)
+    settings = [{} for _ in range(count)]
+    for name in sorted(ranges):
+        low, high = ranges[name]
+        strata = (rng.permutation(count) + rng.uniform(size=count)) / count
+        for setting, u in zip(settings, strata):
+            if name in log_scale:
+                value = math.exp(math.log(low) + u * (math.log(high) - math.log(low)))
+            else:
+                value = low + u * (high - low)
+            setting[name] = float(value)
+    return settings
+
+
+def row_spec(name):
+    cell = name.split("+")[0]
+    if cell not in paper_tables.BASE_ROWS:
+        raise ValueError(
+            f"Expected a row among {list(ROWS)}. Received: row={name!r}"
+        )
+    return {"name": name, "cell": cell}
+
+
+def run_config(row, candidate, settings):
+    """The `LanguageModel` arguments and the training settings of a run."""
+    model = paper_tables.model_config(row, row["units"], settings)
+    if not row["cell"].startswith("mogrifier"):
+        model.update(mogrifier_rounds=0, mogrifier_rank=None)
+    for name in ("input_dropout", "cell_output_dropout", "state_dropout",
+                 "output_dropout"):
+        model[name] = candidate[name]
+    training = dict(TRAINING_DEFAULTS)
+    training.update(
+        batch_size=settings["batch_size"],
+        sequence_length=settings["sequence_length"],
+        eval_batch_size=settings["batch_size"],
+        optimizer=settings["optimizer"],
+        learning_rate=candidate["learning_rate"],
+        beta_1=settings["beta_1"],
+        epsilon=settings["epsilon"],
+        global_clipnorm=settings["global_clipnorm"],
+        two_tailed_averaging=True,
+        averaging_frequency=AVERAGING_FREQUENCY,
+        divergence_recovery=True,
+        max_tokens=settings["max_tokens"],
+    )
+    return model, training
+
+
+# === Records ===
+
+
+def data_hash(data_dir):
+    """SHA-256 of the corpus files (name and bytes, sorted by name)."""
+    if data_dir is None:
+        return "synthetic"
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(data_dir)):
+        path = os.path.join(data_dir, name)
+        if os.path.isfile(path):
+            digest.update(name.encode())
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()
+
+
+def environment():
+    """Where a unit ran: commit, versions, device."""
+    versions = {"python": platform.python_version(), "keras": keras.__version__,
+                "numpy": np.__version__}
+    backend = keras.backend.backend()
+    try:
+        if backend == "jax":
+            import jax
+            versions["jax"] = jax.__version__
+            device = str(jax.devices()[0])
+        elif backend == "tensorflow":
+            import tensorflow as tf
+            versions["tensorflow"] = tf.__version__
+            device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+        else:
+            import torch
+            versions["torch"] = torch.__version__
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception as error:  # a record, not a requirement
+        device = f"unknown ({error})"
+    return {
+        "commit": paper_tables.commit(),
+        "backend": backend,
+        "versions": versions,
+        "device": device,
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+    }
+
+
+class RowRecord:
+    """A row's JSON, written (temp file, rename) after every finished epoch."""
+
+    def __init__(self, path, settings, resume):
+        self.path = path
+        self.units_at_start = 0
+        if resume and os.path.exists(path):
+            with open(path) as f:
+                self.data = json.load(f)
+            recorded = self.data["settings"]
+            current = json.loads(json.dumps(settings))
+            changed = sorted(
+                k for k in set(current) | set(recorded)
+                if current.get(k) != recorded.get(k)
+            )
+            if changed:
+                raise ValueError(
+                    f"Expected the settings recorded in {path} to resume that "
+                    f"row. Received different values for: {changed}"
+                )
+        else:
+            self.data = {"settings": settings, "runs": {}, "commands": []}
+
+    def run(self, name):
+        return self.data["runs"].setdefault(name, {"epochs": []})
+
+    def save(self):
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        temporary = self.path + ".tmp"
+        with open(temporary, "w") as f:
+            json.dump(self.data, f, indent=1)
+        os.replace(temporary, self.path)
+
+
+def log(*parts):
+    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+
+
+# === One run, to a number of epochs or its plateau ===
+
+
+class Plateau(keras.callbacks.Callback):
+    """Keeps the best-validated weights and stops at the plateau.
+
+    Put it before `TwoTailedAveraging` in the callbacks: at the end of each
+    epoch's validation it copies the weights validation scored (the long
+    average, loaded there by that callback) and, if the epoch improved the
+    best by `min_delta`, writes them to `path` (atomically). Its counters
+    are saved and restored by a `TrainingCheckpoint`.
+    """
+
+    def __init__(self, path, patience, min_delta, on_epoch=None):
+        super().__init__()
+        self.path = path
+        self.patience = patience
+        self.min_delta = min_delta
+        self.on_epoch = on_epoch
+        self.best = math.inf
+        self.best_epoch = None
+        self.wait = 0
+        self._validated = None
+
+    def get_resume_state(self):
+        best = None if math.isinf(self.best) else self.best
+        return {"best": best, "best_epoch": self.best_epoch, "wait": self.wait}, []
+
+    def set_resume_state(self, state, arrays):
+        self.best = math.inf if state["best"] is None else state["best"]
+        self.best_epoch = state["best_epoch"]
+        self.wait = state["wait"]
+
+    @property
+    def converged(self):
+        return self.wait >= self.patience
+
+    def on_test_end(self, logs=None):
+        get_backend_module().sync_training_state(self.model)
+        self._validated = [keras.ops.convert_to_numpy(w) for w in self.model.weights]
+
+    def on_epoch_end(self, epoch, logs=None):
+        value = float((logs or {}).get("val_perplexity", math.nan))
+        improved = value < self.best - self.min_delta
+        if improved:
+            save_weights(self.path, self._validated)
+            self.best, self.best_epoch, self.wait = value, epoch, 0
+        elif math.isfinite(value):
+            self.wait += 1
+        if self.on_epoch is not None:
+            self.on_epoch(epoch, logs or {}, improved)
+        if self.converged:
+            self.model.stop_training = True
+
+
+def save_weights(path, arrays):
+    """`arrays` (every weight of a model, in `model.weights` order) to an
+    `.npz` file, atomically (a temporary name, then a rename)."""
+    temporary = path + ".partial.npz"
+    np.savez(temporary, **{f"w{i}": a for i, a in enumerate(arrays)})
+    os.replace(temporary, path)
+
+
+def load_weights(model, path):
+    with np.load(path) as data:
+        arrays = [data[f"w{i}"] for i in range(len(data.files))]
+    if len(arrays) != len(model.weights):
+        raise ValueError(
+            f"Expected {len(model.weights)} weights in {path}. Received: {len(arrays)}"
+        )
+    for variable, value in zip(model.weights, arrays):
+        variable.assign(value)
+
+
+def train_run(record, name, row, candidate, seed, until, corpus, args):
+    """Trains run `name` up to `until` epochs in all (or its plateau),
+    resuming from its checkpoint; every epoch goes into the row's JSON."""
+    settings = record.data["settings"]
+    entry = record.run(name)
+    if entry.get("converged") or len(entry["epochs"]) >= until:
+        return entry
+    model_config, training = run_config(row, candidate, settings)
+    directory = os.path.join(args.work_dir, row["name"], name)
+    os.makedirs(directory, exist_ok=True)
+    checkpoint = os.path.join(directory, "checkpoint")
+    resume = os.path.exists(os.path.join(checkpoint, "progress.json"))
+    entry.update(
+        hyperparameters=dict(candidate), seed=seed,
+        weights=os.path.relpath(os.path.join(directory, "best.weights.npz"), REPOSITORY),
+    )
+    entry.setdefault("environment", []).append(environment())
+    record.save()
+    keras.utils.set_random_seed(seed)
+    model = lm.build_language_model(
+        len(corpus.vocabulary), model_config, training["batch_size"],
+        vocabulary=corpus.vocabulary,
+    )
+    lm.compile_language_model(model, training)
+    clock = {"start": time.time()}
+
+    def on_epoch(epoch, logs, improved):
+        epochs = entry["epochs"][:epoch]
+        epochs.append({
+            "valid_perplexity": float(logs.get("val_perplexity", math.nan)),
+            "train_perplexity": float(logs.get("perplexity", math.nan)),
+            "seconds": time.time() - clock["start"],
+            "learning_rate": float(keras.ops.convert_to_numpy(
+                model.optimizer.learning_rate)),
+            "tta_long_length": logs.get("tta_long_length"),
+        })
+        entry["epochs"] = epochs
+        entry.update(
+            best_valid_perplexity=None if math.isinf(plateau.best) else plateau.best,
+            best_epoch=None if plateau.best_epoch is None else plateau.best_epoch + 1,
+            converged=plateau.converged,
+        )
+        record.save()
+        log(f"{row['name']} {name} epoch {epoch + 1}: valid {epochs[-1]['valid_perplexity']:.2f}"
+            f"{' (best)' if improved else ''}, train {epochs[-1]['train_perplexity']:.2f}, "
+            f"{epochs[-1]['seconds']:.0f} s")
+        clock["start"] = time.time()
+
+    plateau = Plateau(
+        os.path.join(directory, "best.weights.npz"), settings["patience"],
+        settings["min_delta"], on_epoch=on_epoch,
+    )
+    train_data = lm.stream_dataset(
+        corpus.train, training, line_end_id=lm._line_end_id(corpus)
+    )
+    valid_data = lm.stream_dataset(
+        corpus.valid, training, training["eval_batch_size"], evaluation=True
+    )
+    callbacks = [plateau] + lm.training_callbacks(
+        training, checkpoint, valid_data, resume=resume,
+        checkpoint_every_steps=args.checkpoint_every,
+    )
+    log(f"{row['name']} {name}: {'resumed' if resume else 'started'}, "
+        f"to epoch {until} or its plateau")
+    model.fit(
+        train_data, validation_data=valid_data, epochs=until, shuffle=False,
+        callbacks=callbacks, verbose=0,
+    )
+    if len(entry["epochs"]) >= settings["max_epochs"] and not entry.get("converged"):
+        entry["stopped_at_max_epochs"] = True
+    record.save()
+    return entry
+
+
+def finished(entry, settings):
+    return bool(entry.get("converged")) or len(entry["epochs"]) >= settings["max_epochs"]
+
+
+def best_of(names, record):
+    def key(name):
+        best = record.run(name).get("best_valid_perplexity")
+        return math.inf if best is None else best
+
+    return sorted(names, key=key)
+
+
+# === The row ===
+
+
+def run_row(record, row, corpus, args):
+    settings = record.data["settings"]
+    candidates = latin_hypercube(
+        RANGES, settings["candidates"], CANDIDATE_SEED, LOG_SCALE
+    )
+    record.data["candidates"] = candidates
+    names = [f"candidate{i + 1}" for i in range(len(candidates))]
+    first = min(settings["seeds"])
+    rungs = [min(r, settings["max_epochs"]) for r in settings["rungs"]]
+    stages = record.data.setdefault("rungs", [])
+    # Rung by rung: the better half goes on (ranked on best validation so far).
+    alive = list(names)
+    for index, epochs in enumerate(rungs + [settings["max_epochs"]]):
+        for name in alive:
+            candidate = candidates[names.index(name)]
+            train_run(record, name, row, candidate, first, epochs, corpus, args)
+            if args.stop_after_units and _units(record) >= args.stop_after_units:
+                return False
+        ranked = best_of(alive, record)
+        if index < len(rungs):
+            kept = ranked[: max(1, len(ranked) // 2)]
+            if len(stages) <= index:
+                stages.append({"epochs": epochs, "ranked": ranked, "kept": kept})
+                record.save()
+            alive = kept
+        else:
+            record.data["winner"] = ranked[0]
+            record.data["final_ranking"] = ranked
+            record.save()
+    winner = record.data["winner"]
+    candidate = candidates[names.index(winner)]
+    seeds = {first: winner}
+    for seed in args.seeds:
+        if seed == first:
+            continue
+        name = f"seed{seed}"
+        seeds[seed] = name
+        train_run(record, name, row, candidate, seed, settings["max_epochs"], corpus, args)
+        if args.stop_after_units and _units(record) >= args.stop_after_units:
+            return False
+    record.data["seeds"] = {str(s): n for s, n in seeds.items()}
+    for seed, name in seeds.items():
+        evaluate_run(record, name, row, candidate, corpus, args)
+    summarise(record)
+    record.data["complete"] = True
+    record.save()
+    return True
+
+
+def _units(record):
+    """Epochs trained by this process (for `--stop-after-units`)."""
+    return sum(len(r["epochs"]) for r in record.data["runs"].values()) - record.units_at_start
+
+
+def evaluate_run(record, name, row, candidate, corpus, args):
+    """Static test of a run's best weights (temperature tuned on validation)."""
+    entry = record.run(name)
+    if "static" in entry:
+        return
+    model_config, training = run_config(row, candidate, record.data["settings"])
+    model = lm.build_language_model(
+        len(corpus.vocabulary), model_config, training["batch_size"],
+        vocabulary=corpus.vocabulary,
+    )
+    lm.compile_language_model(model, training)
+    load_weights(model, os.path.join(REPOSITORY, entry["weights"]))
+    tau = lm.search_temperature(
+        model, corpus.valid, batch_size=training["eval_batch_size"],
+        sequence_length=training["sequence_length"],
+    )
+    static = {"temperature": tau["temperature"]}
+    static["valid_perplexity"] = lm.evaluate_language_model(model, corpus.valid, training)["perplexity"]
+    static["test_perplexity"] = lm.evaluate_language_model(model, corpus.test, training)["perplexity"]
+    for split in ("valid", "test"):
+        losses = lm.static_stream_losses(model, corpus[split])
+        static[f"{split}_perplexity_one_stream"] = float(math.exp(losses.mean()))
+    static.update(lm.like_for_like_evaluation(model, corpus, training["eval_batch_size"]))
+    entry["static"] = static
+    record.save()
+    log(f"{row['name']} {name}: test {static['test_perplexity']:.2f} "
+        f"(τ {tau['temperature']:.2f}), one stream {static['test_perplexity_one_stream']:.2f}")
+
+
+def summarise(record):
+    seeds = [record.run(n) for n in record.data["seeds"].values()]
+    for key in ("valid_perplexity", "test_perplexity", "test_perplexity_one_stream"):
+        values = [s["static"][key] for s in seeds]
+        record.data.setdefault("summary", {})[key] = {
+            "mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1))
+            if len(values) > 1 else None, "values": values,
+        }
+    record.data["summary"]["epochs"] = [len(s["epochs"]) for s in seeds]
+    record.data["summary"]["best_epochs"] = [s["best_epoch"] for s in seeds]
+
+
+# === Table ===
+
+
+def table(output):
+    lines = ["| row | units | params | run | epochs | best epoch | best valid | converged |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in sorted(os.listdir(output)) if os.path.isdir(output) else []:
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(output, name)) as f:
+            data = json.load(f)
+        for run, entry in data["runs"].items():
+            lines.append(
+                f"| {data['row']} | {data['units']} | {data['params']:,} | {run} | "
+                f"{len(entry['epochs'])} | {entry.get('best_epoch')} | "
+                f"{entry.get('best_valid_perplexity') or math.nan:.2f} | "
+                f"{'yes' if entry.get('converged') else 'no'} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--row", default=None, help=f"one of {list(ROWS)}")
+    parser.add_argument("--output", default=DEFAULT_OUTPUT)
+    parser.add_argument("--work-dir", default=DEFAULT_WORK_DIR)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--checkpoint-every", type=int, default=200,
+                        help="steps between checkpoints within an epoch")
+    parser.add_argument("--parameters", type=int, default=paper_tables.PARAMETERS)
+    parser.add_argument("--max-epochs", type=int, default=MAX_EPOCHS)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    parser.add_argument("--candidates", type=int, default=CANDIDATES)
+    parser.add_argument("--rungs", type=int, nargs="*", default=list(RUNGS))
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="train on the first tokens only (smoke runs)")
+    parser.add_argument("--stop-after-units", type=int, default=None,
+                        help="stop after this many epochs in all (tests)")
+    parser.add_argument("--table", action="store_true")
+    args = parser.parse_args(argv)
+    if args.table:
+        print(table(args.output))
+        return 0
+    if args.row is None:
+        parser.error("--row is required (one row per process)")
+    row = row_spec(args.row)
+    corpus = (
+        load_corpus(args.data_dir) if args.data_dir else synthetic_corpus()
+    )
+    settings = study_settings(args)
+    path = os.path.join(args.output, f"{row['name']}.json")
+    record = RowRecord(path, settings, args.resume)
+    if "units" not in record.data:
+        units, params = paper_tables.units_for_budget(
+            len(corpus.vocabulary), row, dict(settings, **{"num_layers": 2})
+        )
+        record.data.update(row=row["name"], cell=row["cell"], units=units, params=params,
+                           data_hash=data_hash(args.data_dir))
+    if record.data["data_hash"] != data_hash(args.data_dir):
+        raise ValueError(
+            f"Expected the data recorded in {path} (SHA-256 "
+            f"{record.data['data_hash'][:12]}…) to resume that row. Received: "
+            f"{args.data_dir!r}, whose files hash differently"
+        )
+    row.update(units=record.data["units"])
+    record.data["commands"].append({
+        "command": "KERAS_BACKEND=" + keras.backend.backend() + " python "
+        + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPOSITORY)]
+                   + list(sys.argv[1:] if argv is None else argv)),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "environment": environment(),
+    })
+    record.units_at_start = sum(len(r["epochs"]) for r in record.data["runs"].values())
+    record.save()
+    log(f"{row['name']}: {record.data['units']} units, {record.data['params']:,} "
+        f"parameters; JSON {os.path.relpath(path, REPOSITORY)}")
+    done = run_row(record, row, corpus, args)
+    log(f"{row['name']}: {'complete' if done else 'stopped (--stop-after-units)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
