@@ -112,15 +112,13 @@ def study_settings(args):
         "parameters": args.parameters,
         "parameter_tolerance": paper_tables.PARAMETER_TOLERANCE,
         "num_layers": 2,
-        "batch_size": BATCH_SIZE,
-        "sequence_length": SEQUENCE_LENGTH,
+        "batch_size": args.batch_size,
+        "sequence_length": args.bptt,
         "optimizer": "radam",
         "beta_1": 0.0,
         "epsilon": paper_tables.ADAM_EPSILON,
-        "global_clipnorm": lamb_units.summed_loss_clipnorm(
-            paper_tables.LAMB_CLIP, SEQUENCE_LENGTH
-        ),
-        "l2": lamb_units.summed_loss_l2(paper_tables.LAMB_L2, SEQUENCE_LENGTH),
+        "global_clipnorm": lamb_units.summed_loss_clipnorm(paper_tables.LAMB_CLIP, args.bptt),
+        "l2": lamb_units.summed_loss_l2(paper_tables.LAMB_L2, args.bptt),
         "drop_state_probability": paper_tables.DROP_STATE_PROBABILITY,
         "mogrifier_rounds": paper_tables.MOGRIFIER_ROUNDS,
         "mogrifier_rank_per_unit": paper_tables.MOGRIFIER_RANK_PER_UNIT,
@@ -569,6 +567,8 @@ def main(argv=None):
     parser.add_argument("--max-epochs", type=int, default=MAX_EPOCHS)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--candidates", type=int, default=CANDIDATES)
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    parser.add_argument("--bptt", type=int, default=SEQUENCE_LENGTH)
     parser.add_argument("--rungs", type=int, nargs="*", default=list(RUNGS))
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="train on the first tokens only (smoke runs)")

@@ -1,0 +1,141 @@
+"""benchmarks/convergence.py: the same candidates for every row, successive
+halving, the plateau, seeds, a JSON written epoch by epoch, and a stopped
+row resumed to the same numbers as one run through."""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A tiny row on the embedded corpus: 4 candidates, cuts after epochs 1 and 2,
+# at most 3 epochs, seeds 1 and 2.
+SETTINGS = [
+    "--row", "lstm", "--parameters", "20000", "--candidates", "4", "--rungs", "1", "2",
+    "--max-epochs", "3", "--seeds", "1", "2", "--max-tokens", "1200",
+    "--batch-size", "4", "--bptt", "10", "--checkpoint-every", "7",
+]
+# The script is a study run on JAX (its default); the library pieces it
+# drives (TrainingCheckpoint, the averaging and recovery callbacks, the
+# carried streams) are tested on every backend in their own files.
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="the study's script runs on JAX"
+)
+
+
+def _load():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    path = os.path.join(ROOT, "benchmarks", "convergence.py")
+    spec = importlib.util.spec_from_file_location("convergence", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def convergence():
+    return _load()
+
+
+def _run(convergence, tmp, *extra):
+    paths = ["--output", str(tmp / "out"), "--work-dir", str(tmp / "work")]
+    convergence.main(SETTINGS + paths + list(extra))
+    return json.loads((tmp / "out" / "lstm.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def stopped_and_resumed(convergence, tmp_path_factory):
+    """The row stopped after 5 epochs in all, then resumed to its end."""
+    tmp = tmp_path_factory.mktemp("row")
+    stopped = _run(convergence, tmp, "--stop-after-units", "5")
+    return stopped, _run(convergence, tmp, "--resume"), tmp
+
+
+@pytest.fixture(scope="module")
+def row(stopped_and_resumed):
+    return stopped_and_resumed[1]
+
+
+def test_latin_hypercube_uses_every_stratum_once(convergence):
+    ranges = {"a": (0.0, 1.0), "lr": (1e-4, 1e-2)}
+    draws = convergence.latin_hypercube(ranges, 8, seed=3, log_scale=("lr",))
+    a = sorted(int(d["a"] * 8) for d in draws)
+    lr = sorted(int((math.log(d["lr"]) - math.log(1e-4)) / math.log(100) * 8) for d in draws)
+    assert a == list(range(8)) and lr == list(range(8))
+    assert draws == convergence.latin_hypercube(ranges, 8, seed=3, log_scale=("lr",))
+
+
+def test_halving_keeps_the_better_half_and_the_winner_has_every_seed(row):
+    assert row["complete"] and row["data_hash"] == "synthetic"
+    assert abs(row["params"] - 20000) <= 0.03 * 20000
+    runs = row["runs"]
+    first, second = row["rungs"]
+    assert first["epochs"] == 1 and sorted(first["ranked"]) == sorted(
+        f"candidate{i}" for i in range(1, 5)
+    )
+
+    def best(name):
+        return runs[name]["best_valid_perplexity"]
+
+    assert [best(n) for n in first["ranked"]] == sorted(best(n) for n in first["ranked"])
+    assert first["kept"] == first["ranked"][:2] and second["ranked"] == sorted(
+        first["kept"], key=best
+    )
+    assert second["kept"] == second["ranked"][:1] == [row["winner"]]
+    # The dropped candidates stopped at their cut; the winner went on.
+    for name in first["ranked"][2:]:
+        assert len(runs[name]["epochs"]) == 1
+    assert len(runs[row["winner"]]["epochs"]) == 3 or runs[row["winner"]]["converged"]
+    assert row["seeds"] == {"1": row["winner"], "2": "seed2"}
+    assert runs["seed2"]["hyperparameters"] == runs[row["winner"]]["hyperparameters"]
+    for name in row["seeds"].values():
+        static = runs[name]["static"]
+        assert math.isfinite(static["test_perplexity"]) and static["temperature"] > 0
+    # The kept weights are the best epoch's: its validation again.
+    assert row["summary"]["valid_perplexity"]["values"] == [
+        runs[n]["static"]["valid_perplexity"] for n in row["seeds"].values()
+    ]
+    # The same candidates for every row: the draw depends on the seed only.
+    assert row["candidates"][0] == runs["candidate1"]["hyperparameters"]
+
+
+def test_a_stopped_row_resumes_where_it_stopped(convergence, stopped_and_resumed):
+    stopped, resumed, tmp = stopped_and_resumed
+    assert not stopped.get("complete") and "winner" not in stopped
+    trained = {n: r["epochs"] for n, r in stopped["runs"].items() if r["epochs"]}
+    assert sum(len(e) for e in trained.values()) == 5
+    # Nothing done before the stop was done again or changed.
+    for name, epochs in trained.items():
+        assert resumed["runs"][name]["epochs"][: len(epochs)] == epochs, name
+    assert resumed["complete"] and len(resumed["commands"]) == 2
+    assert resumed["rungs"][0] == stopped["rungs"][0]
+    with pytest.raises(ValueError, match="different values for: \\['max_epochs'\\]"):
+        _run(convergence, tmp, "--resume", "--max-epochs", "4")
+
+
+def test_plateau_keeps_the_validated_weights_and_stops(convergence, tmp_path):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    path = str(tmp_path / "best.npz")
+    plateau = convergence.Plateau(path, patience=2, min_delta=0.5)
+    plateau.set_model(model)
+    seen = []
+    for epoch, value in enumerate([10.0, 9.0, 8.8, 8.7, 7.0]):
+        model.weights[0].assign(np.full((2, 1), float(epoch), "float32"))
+        plateau.on_test_end()
+        model.weights[0].assign(np.zeros((2, 1), "float32"))  # after validation
+        model.stop_training = False
+        plateau.on_epoch_end(epoch, {"val_perplexity": value})
+        seen.append((plateau.best_epoch, plateau.wait, model.stop_training))
+    # 8.8 and 8.7 are within 0.5 of 9.0: no improvement; the second stops.
+    assert seen[:4] == [(0, 0, False), (1, 0, False), (1, 1, False), (1, 2, True)]
+    with np.load(path) as saved:
+        assert np.all(saved["w0"] == 4.0)  # epoch 4 improved again (7.0)
+    state, _ = plateau.get_resume_state()
+    other = convergence.Plateau(path, patience=2, min_delta=0.5)
+    other.set_resume_state(state, [])
+    assert (other.best, other.best_epoch, other.wait) == (7.0, 4, 0)
