@@ -20,6 +20,16 @@ SETTINGS = [
 ]
 
 
+# The study's runs are made on JAX (the script's default): the tests that
+# train run there only; the library pieces they drive (tuner, pipeline,
+# dynamic evaluation, checkpoints) are tested on every backend in their own
+# files, and this file's other tests run everywhere.
+trains = pytest.mark.skipif(
+    os.environ.get("KERAS_BACKEND", "tensorflow") != "jax",
+    reason="the study's training runs on JAX",
+)
+
+
 def _load():
     path = os.path.join(ROOT, "benchmarks", "paper_tables.py")
     spec = importlib.util.spec_from_file_location("paper_tables", path)
@@ -43,6 +53,7 @@ def study(paper_tables, tmp_path_factory):
     return tmp, paths
 
 
+@trains
 def test_rows_have_equal_budgets_equal_tuning_and_the_schema(study, paper_tables):
     tmp, _ = study
     data = json.loads((tmp / "study.json").read_text())
@@ -96,6 +107,7 @@ def test_rows_have_equal_budgets_equal_tuning_and_the_schema(study, paper_tables
     assert mog["hyperparameters"]["model"]["mogrifier_rounds"] == 5
 
 
+@trains
 def test_resume_skips_finished_work_and_refuses_other_settings(paper_tables, study):
     tmp, paths = study
     before = (tmp / "study.json").read_text()
@@ -106,6 +118,7 @@ def test_resume_skips_finished_work_and_refuses_other_settings(paper_tables, stu
         paper_tables.main(changed + paths + ["--resume"])
 
 
+@trains
 def test_an_interrupted_row_continues_from_its_last_trial(paper_tables, study, tmp_path):
     tmp, paths = study
     data = json.loads((tmp / "study.json").read_text())
@@ -124,6 +137,7 @@ def test_an_interrupted_row_continues_from_its_last_trial(paper_tables, study, t
     assert resumed["trials"][0] == row["trials"][0]
 
 
+@trains
 def test_a_recorded_row_retrains_its_first_epoch(paper_tables, study, tmp_path):
     tmp, paths = study
     out = tmp_path / "check"
@@ -176,6 +190,7 @@ def _gpu_json(path, cells=("lstm", "mogrifier_rlstm")):
     return str(path)
 
 
+@trains
 def test_gpu_rows_join_the_json_apart_from_the_study(paper_tables, study, tmp_path, capsys):
     tmp, _ = study
     json_path = tmp_path / "study.json"
