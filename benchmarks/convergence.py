@@ -238,12 +238,21 @@ def environment():
 
 
 class RowRecord:
-    """A row's JSON, written (temp file, rename) after every finished epoch."""
+    """A row's JSON (`<output>/<row>.json`: settings, candidates, cuts,
+    winner, seeds, summary) and one JSON per run (`<output>/<row>/<run>.json`:
+    its epochs, best, test), each written with a temporary name and a rename.
 
-    def __init__(self, path, settings, resume):
+    Only the process that runs the row writes the row's JSON; a worker
+    (`--run`, started by `--jobs`) writes its run's JSON only.
+    """
+
+    def __init__(self, path, settings, resume, worker=False):
         self.path = path
-        self.units_at_start = 0
-        if resume and os.path.exists(path):
+        self.run_dir = path[: -len(".json")]
+        self.worker = worker
+        self.trained_epochs = 0
+        self._runs = {}
+        if (resume or worker) and os.path.exists(path):
             with open(path) as f:
                 self.data = json.load(f)
             recorded = self.data["settings"]
@@ -257,18 +266,65 @@ class RowRecord:
                     f"Expected the settings recorded in {path} to resume that "
                     f"row. Received different values for: {changed}"
                 )
+            # Written before the runs had files of their own.
+            for name, entry in self.data.pop("runs", {}).items():
+                if not os.path.exists(self._run_path(name)):
+                    self._runs[name] = entry
+                    self.save_run(name)
+        elif worker:
+            raise ValueError(
+                f"Expected the row's JSON {path} (written by the process that "
+                "runs the row) for a worker run. Received: no such file"
+            )
         else:
-            self.data = {"settings": settings, "runs": {}, "commands": []}
+            self.data = {"settings": settings, "commands": []}
+
+    def _run_path(self, name):
+        return os.path.join(self.run_dir, f"{name}.json")
 
     def run(self, name):
-        return self.data["runs"].setdefault(name, {"epochs": []})
+        if name not in self._runs:
+            path = self._run_path(name)
+            if os.path.exists(path):
+                with open(path) as f:
+                    self._runs[name] = json.load(f)
+            else:
+                self._runs[name] = {"epochs": []}
+        return self._runs[name]
+
+    def reload_runs(self):
+        """Reads the runs' files again (after workers wrote them)."""
+        self._runs = {}
+
+    def save_run(self, name):
+        _write_json(self._run_path(name), self.run(name))
 
     def save(self):
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        temporary = self.path + ".tmp"
-        with open(temporary, "w") as f:
-            json.dump(self.data, f, indent=1)
-        os.replace(temporary, self.path)
+        if not self.worker:
+            _write_json(self.path, self.data)
+
+
+def load_row(path):
+    """A row's JSON with its runs under `runs` (for tables and tests)."""
+    with open(path) as f:
+        data = json.load(f)
+    runs = dict(data.get("runs", {}))
+    directory = path[: -len(".json")]
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(".json"):
+                with open(os.path.join(directory, name)) as f:
+                    runs[name[: -len(".json")]] = json.load(f)
+    data["runs"] = runs
+    return data
+
+
+def _write_json(path, data):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    temporary = path + ".tmp"
+    with open(temporary, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(temporary, path)
 
 
 def log(*parts):
@@ -365,8 +421,8 @@ def train_run(record, name, row, candidate, seed, until, corpus, args):
         hyperparameters=dict(candidate), seed=seed,
         weights=os.path.relpath(os.path.join(directory, "best.weights.npz"), REPOSITORY),
     )
-    entry.setdefault("environment", []).append(environment())
-    record.save()
+    entry.setdefault("environment", []).append(dict(environment(), command=args.command))
+    record.save_run(name)
     keras.utils.set_random_seed(seed)
     model = lm.build_language_model(
         len(corpus.vocabulary), model_config, training["batch_size"],
@@ -391,7 +447,8 @@ def train_run(record, name, row, candidate, seed, until, corpus, args):
             best_epoch=None if plateau.best_epoch is None else plateau.best_epoch + 1,
             converged=plateau.converged,
         )
-        record.save()
+        record.save_run(name)
+        record.trained_epochs += 1
         log(f"{row['name']} {name} epoch {epoch + 1}: valid {epochs[-1]['valid_perplexity']:.2f}"
             f"{' (best)' if improved else ''}, train {epochs[-1]['train_perplexity']:.2f}, "
             f"{epochs[-1]['seconds']:.0f} s")
@@ -419,23 +476,87 @@ def train_run(record, name, row, candidate, seed, until, corpus, args):
     )
     if len(entry["epochs"]) >= settings["max_epochs"] and not entry.get("converged"):
         entry["stopped_at_max_epochs"] = True
-    record.save()
+    record.save_run(name)
     return entry
 
 
-def finished(entry, settings):
-    return bool(entry.get("converged")) or len(entry["epochs"]) >= settings["max_epochs"]
+def best_at(entry, epochs):
+    """A run's best validation perplexity in its first `epochs` epochs."""
+    values = [e["valid_perplexity"] for e in entry["epochs"][:epochs]]
+    values = [v for v in values if math.isfinite(v)]
+    return min(values) if values else math.inf
 
 
-def best_of(names, record):
-    def key(name):
-        best = record.run(name).get("best_valid_perplexity")
-        return math.inf if best is None else best
+def best_of(names, record, epochs):
+    return sorted(names, key=lambda name: best_at(record.run(name), epochs))
 
-    return sorted(names, key=key)
+
+def _done(entry, until):
+    return bool(entry.get("converged")) or len(entry["epochs"]) >= until
+
+
+def train_all(record, units, row, corpus, args):
+    """Trains each `(name, candidate, seed, until)` not done yet: in this
+    process one after another, or with `--jobs N` in N worker processes at
+    once. Returns False if `--stop-after-units` stopped it."""
+    pending = [u for u in units if not _done(record.run(u[0]), u[3])]
+    if args.jobs <= 1 or len(pending) <= 1:
+        for name, candidate, seed, until in pending:
+            train_run(record, name, row, candidate, seed, until, corpus, args)
+            if args.stop_after_units and _units(record) >= args.stop_after_units:
+                return False
+        return True
+    record.save()
+    env = dict(os.environ)
+    # One thread each: the workers share the machine's cores.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                        "intra_op_parallelism_threads=1").strip()
+    queue, running, failed = list(pending), [], []
+    while queue or running:
+        while queue and len(running) < args.jobs:
+            name, _, _, until = queue.pop(0)
+            command = [sys.executable, os.path.abspath(__file__)] + worker_argv(args) + [
+                "--run", name, "--until", str(until)]
+            log(f"{row['name']} {name}: worker started, to epoch {until}")
+            running.append((name, subprocess.Popen(command, env=env)))
+        time.sleep(1)
+        for item in list(running):
+            if item[1].poll() is not None:
+                running.remove(item)
+                if item[1].returncode != 0:
+                    failed.append(f"{item[0]} (exit {item[1].returncode})")
+    record.reload_runs()
+    if failed:
+        raise RuntimeError(
+            f"Expected every worker of row {row['name']!r} to finish. Received: "
+            f"{', '.join(failed)} failed (their output is above; --resume "
+            "continues them)"
+        )
+    return True
+
+
+def worker_argv(args):
+    """The arguments a worker needs to share this process's settings."""
+    argv = ["--row", args.row, "--output", args.output, "--work-dir", args.work_dir,
+            "--checkpoint-every", str(args.checkpoint_every),
+            "--parameters", str(args.parameters), "--max-epochs", str(args.max_epochs),
+            "--candidates", str(args.candidates), "--batch-size", str(args.batch_size),
+            "--bptt", str(args.bptt), "--seeds"] + [str(s) for s in args.seeds]
+    argv += ["--rungs"] + [str(r) for r in args.rungs]
+    if args.data_dir:
+        argv += ["--data-dir", args.data_dir]
+    if args.max_tokens:
+        argv += ["--max-tokens", str(args.max_tokens)]
+    return argv
 
 
 # === The row ===
+
+
+def candidate_names(count):
+    return [f"candidate{i + 1}" for i in range(count)]
 
 
 def run_row(record, row, corpus, args):
@@ -444,40 +565,36 @@ def run_row(record, row, corpus, args):
         RANGES, settings["candidates"], CANDIDATE_SEED, LOG_SCALE
     )
     record.data["candidates"] = candidates
-    names = [f"candidate{i + 1}" for i in range(len(candidates))]
+    names = candidate_names(len(candidates))
     first = min(settings["seeds"])
     rungs = [min(r, settings["max_epochs"]) for r in settings["rungs"]]
     stages = record.data.setdefault("rungs", [])
-    # Rung by rung: the better half goes on (ranked on best validation so far).
+    # Rung by rung: the better half goes on, ranked on the best validation
+    # up to the rung (a cut once made is read back, never made again).
     alive = list(names)
     for index, epochs in enumerate(rungs + [settings["max_epochs"]]):
-        for name in alive:
-            candidate = candidates[names.index(name)]
-            train_run(record, name, row, candidate, first, epochs, corpus, args)
-            if args.stop_after_units and _units(record) >= args.stop_after_units:
-                return False
-        ranked = best_of(alive, record)
+        if index < len(stages):
+            alive = stages[index]["kept"]
+            continue
+        units = [(n, candidates[names.index(n)], first, epochs) for n in alive]
+        if not train_all(record, units, row, corpus, args):
+            return False
+        ranked = best_of(alive, record, epochs)
         if index < len(rungs):
             kept = ranked[: max(1, len(ranked) // 2)]
-            if len(stages) <= index:
-                stages.append({"epochs": epochs, "ranked": ranked, "kept": kept})
-                record.save()
+            stages.append({"epochs": epochs, "ranked": ranked, "kept": kept})
             alive = kept
         else:
             record.data["winner"] = ranked[0]
             record.data["final_ranking"] = ranked
-            record.save()
+        record.save()
     winner = record.data["winner"]
     candidate = candidates[names.index(winner)]
     seeds = {first: winner}
-    for seed in args.seeds:
-        if seed == first:
-            continue
-        name = f"seed{seed}"
-        seeds[seed] = name
-        train_run(record, name, row, candidate, seed, settings["max_epochs"], corpus, args)
-        if args.stop_after_units and _units(record) >= args.stop_after_units:
-            return False
+    seeds.update({s: f"seed{s}" for s in settings["seeds"] if s != first})
+    units = [(n, candidate, s, settings["max_epochs"]) for s, n in seeds.items() if s != first]
+    if not train_all(record, units, row, corpus, args):
+        return False
     record.data["seeds"] = {str(s): n for s, n in seeds.items()}
     for seed, name in seeds.items():
         evaluate_run(record, name, row, candidate, corpus, args)
@@ -487,9 +604,27 @@ def run_row(record, row, corpus, args):
     return True
 
 
+def worker(record, row, corpus, args):
+    """`--run NAME --until E`: trains one run of the row, nothing else."""
+    candidates = record.data["candidates"]
+    names = candidate_names(len(candidates))
+    first = min(record.data["settings"]["seeds"])
+    if args.run in names:
+        candidate, seed = candidates[names.index(args.run)], first
+    elif args.run.startswith("seed") and "winner" in record.data:
+        candidate = candidates[names.index(record.data["winner"])]
+        seed = int(args.run[len("seed"):])
+    else:
+        raise ValueError(
+            f"Expected --run among {names} or seedN once the row has a winner. "
+            f"Received: {args.run!r}"
+        )
+    train_run(record, args.run, row, candidate, seed, args.until, corpus, args)
+
+
 def _units(record):
     """Epochs trained by this process (for `--stop-after-units`)."""
-    return sum(len(r["epochs"]) for r in record.data["runs"].values()) - record.units_at_start
+    return record.trained_epochs
 
 
 def evaluate_run(record, name, row, candidate, corpus, args):
@@ -516,7 +651,7 @@ def evaluate_run(record, name, row, candidate, corpus, args):
         static[f"{split}_perplexity_one_stream"] = float(math.exp(losses.mean()))
     static.update(lm.like_for_like_evaluation(model, corpus, training["eval_batch_size"]))
     entry["static"] = static
-    record.save()
+    record.save_run(name)
     log(f"{row['name']} {name}: test {static['test_perplexity']:.2f} "
         f"(τ {tau['temperature']:.2f}), one stream {static['test_perplexity_one_stream']:.2f}")
 
@@ -542,8 +677,7 @@ def table(output):
     for name in sorted(os.listdir(output)) if os.path.isdir(output) else []:
         if not name.endswith(".json"):
             continue
-        with open(os.path.join(output, name)) as f:
-            data = json.load(f)
+        data = load_row(os.path.join(output, name))
         for run, entry in data["runs"].items():
             lines.append(
                 f"| {data['row']} | {data['units']} | {data['params']:,} | {run} | "
@@ -574,8 +708,16 @@ def main(argv=None):
                         help="train on the first tokens only (smoke runs)")
     parser.add_argument("--stop-after-units", type=int, default=None,
                         help="stop after this many epochs in all (tests)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="train this many runs at once, each in a worker process")
+    parser.add_argument("--run", default=None,
+                        help="worker: train this run only (candidateK or seedN)")
+    parser.add_argument("--until", type=int, default=None,
+                        help="worker: to this many epochs in all (or the plateau)")
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
+    if (args.run is None) != (args.until is None):
+        parser.error("--run and --until go together (a worker's run)")
     if args.table:
         print(table(args.output))
         return 0
@@ -587,7 +729,11 @@ def main(argv=None):
     )
     settings = study_settings(args)
     path = os.path.join(args.output, f"{row['name']}.json")
-    record = RowRecord(path, settings, args.resume)
+    args.command = "KERAS_BACKEND=" + keras.backend.backend() + " python " + " ".join(
+        shlex.quote(a) for a in [os.path.relpath(__file__, REPOSITORY)]
+        + list(sys.argv[1:] if argv is None else argv)
+    )
+    record = RowRecord(path, settings, args.resume, worker=args.run is not None)
     if "units" not in record.data:
         units, params = paper_tables.units_for_budget(
             len(corpus.vocabulary), row, dict(settings, **{"num_layers": 2})
@@ -601,14 +747,14 @@ def main(argv=None):
             f"{args.data_dir!r}, whose files hash differently"
         )
     row.update(units=record.data["units"])
+    if args.run is not None:
+        worker(record, row, corpus, args)
+        return 0
     record.data["commands"].append({
-        "command": "KERAS_BACKEND=" + keras.backend.backend() + " python "
-        + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPOSITORY)]
-                   + list(sys.argv[1:] if argv is None else argv)),
+        "command": args.command,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "environment": environment(),
     })
-    record.units_at_start = sum(len(r["epochs"]) for r in record.data["runs"].values())
     record.save()
     log(f"{row['name']}: {record.data['units']} units, {record.data['params']:,} "
         f"parameters; JSON {os.path.relpath(path, REPOSITORY)}")
