@@ -69,6 +69,8 @@ import paper_tables  # noqa: E402
 from keras_mogrifier.backend import get_backend_module  # noqa: E402
 from keras_mogrifier.data import load_corpus  # noqa: E402
 from keras_mogrifier.data import synthetic_corpus  # noqa: E402
+from keras_mogrifier.evaluation import DivergenceError  # noqa: E402
+from keras_mogrifier.evaluation import DynamicEvaluator  # noqa: E402
 from keras_mogrifier.pipeline import language_modeling as lm  # noqa: E402
 from keras_mogrifier.pipeline import units as lamb_units  # noqa: E402
 from keras_mogrifier.pipeline.presets import TRAINING_DEFAULTS  # noqa: E402
@@ -98,7 +100,24 @@ RANGES = {
     "output_dropout": (0.0, 0.75),
 }
 LOG_SCALE = ("learning_rate",)
+# Dynamic evaluation (Krause's RMS rule with the RMS-scaled prior, eq. 8, the
+# pipeline's): η × λ searched jointly, η over more than two decades, λ down
+# to 1e-4; a best value on the grid's edge widens the grid that way (by the
+# grid's own step, up to DYNAMIC_WIDEN times).
+DYNAMIC_LEARNING_RATES = (3e-6, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
+DYNAMIC_DECAY_RATES = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+DYNAMIC_WIDEN = 2
+DYNAMIC_SEGMENT = 5
+DYNAMIC_STATISTICS_BATCHES = 300  # of 100 streams × 5 tokens: 150k training tokens
+# The validation slice the search ranks on: doubled (up to all of
+# validation) until the best setting beats each grid neighbour by at least
+# DYNAMIC_SEPARATION standard errors of the mean per-token difference
+# (batch means over DYNAMIC_BLOCK tokens, for the losses' autocorrelation).
+DYNAMIC_SLICE_TOKENS = 20_000
+DYNAMIC_SEPARATION = 2.0
+DYNAMIC_BLOCK = 500
 BATCH_SIZE = 32  # as the 5-epoch study (issue 28)
+ADDED_SETTINGS = ("dynamic_evaluation",)
 SEQUENCE_LENGTH = 35
 AVERAGING_FREQUENCY = 1000  # Two-Tailed Averaging's E (Circling Back §5)
 
@@ -135,6 +154,18 @@ def study_settings(args):
         "max_epochs": args.max_epochs,
         "seeds": list(args.seeds),
         "max_tokens": args.max_tokens,
+        "dynamic_evaluation": {
+            "rule": "RMS with the RMS-scaled prior (Krause eq. 8), the evaluator's ε",
+            "learning_rates": list(args.dynamic_learning_rates),
+            "decay_rates": list(args.dynamic_decay_rates),
+            "widen": DYNAMIC_WIDEN,
+            "segment_length": DYNAMIC_SEGMENT,
+            "statistics_batches": args.dynamic_statistics_batches,
+            "statistics_batch": args.dynamic_statistics_batch,
+            "slice_tokens": args.dynamic_slice_tokens,
+            "separation": DYNAMIC_SEPARATION,
+            "block": args.dynamic_block,
+        },
     }
 
 
@@ -257,6 +288,11 @@ class RowRecord:
                 self.data = json.load(f)
             recorded = self.data["settings"]
             current = json.loads(json.dumps(settings))
+            # Settings of a stage after training, added to the study later:
+            # a row trained before takes them on.
+            for key in ADDED_SETTINGS:
+                if key not in recorded and key in current:
+                    recorded[key] = current[key]
             changed = sorted(
                 k for k in set(current) | set(recorded)
                 if current.get(k) != recorded.get(k)
@@ -547,6 +583,12 @@ def worker_argv(args):
             "--candidates", str(args.candidates), "--batch-size", str(args.batch_size),
             "--bptt", str(args.bptt), "--seeds"] + [str(s) for s in args.seeds]
     argv += ["--rungs"] + [str(r) for r in args.rungs]
+    argv += ["--dynamic-learning-rates"] + [repr(v) for v in args.dynamic_learning_rates]
+    argv += ["--dynamic-decay-rates"] + [repr(v) for v in args.dynamic_decay_rates]
+    argv += ["--dynamic-slice-tokens", str(args.dynamic_slice_tokens),
+             "--dynamic-statistics-batches", str(args.dynamic_statistics_batches),
+             "--dynamic-statistics-batch", str(args.dynamic_statistics_batch),
+             "--dynamic-block", str(args.dynamic_block)]
     if args.data_dir:
         argv += ["--data-dir", args.data_dir]
     if args.max_tokens:
@@ -600,6 +642,7 @@ def run_row(record, row, corpus, args):
     record.data["seeds"] = {str(s): n for s, n in seeds.items()}
     for seed, name in seeds.items():
         evaluate_run(record, name, row, candidate, corpus, args)
+        dynamic_run(record, name, row, candidate, corpus, args)
     summarise(record)
     record.data["complete"] = True
     record.save()
@@ -658,10 +701,141 @@ def evaluate_run(record, name, row, candidate, corpus, args):
         f"(τ {tau['temperature']:.2f}), one stream {static['test_perplexity_one_stream']:.2f}")
 
 
+def separation(best, other, block):
+    """How many standard errors `other`'s per-token losses are above
+    `best`'s on average (batch means over blocks of `block` tokens)."""
+    difference = np.asarray(other, "float64") - np.asarray(best, "float64")
+    blocks = len(difference) // block
+    if blocks < 2:
+        return math.nan
+    means = difference[: blocks * block].reshape(blocks, block).mean(axis=1)
+    error = means.std(ddof=1) / math.sqrt(blocks)
+    return float(difference.mean() / error) if error > 0 else math.inf
+
+
+def _grid_neighbours(grid, point):
+    """The settings next to `point` on the grid (one step in η or in λ)."""
+    etas, lambdas = grid
+    i, j = etas.index(point[0]), lambdas.index(point[1])
+    steps = [(i - 1, j), (i + 1, j), (i, j - 1), (i, j + 1)]
+    return [(etas[a], lambdas[b]) for a, b in steps
+            if 0 <= a < len(etas) and 0 <= b < len(lambdas)]
+
+
+def _widened(values, index):
+    """`values` with one more step beyond the edge at `index` (0 or -1)."""
+    ratio = values[1] / values[0]
+    return (values[0] / ratio,) + tuple(values) if index == 0 else tuple(values) + (
+        values[-1] * ratio,)
+
+
+def search_dynamic(evaluator, valid, log_line, slice_tokens, etas, lambdas, block):
+    """The joint η × λ search on a validation slice that separates the best
+    setting from its neighbours; returns the record of every pass."""
+    passes, tokens = {}, min(slice_tokens, len(valid) - 1)
+    widened = 0
+    while True:
+        grid = (list(etas), list(lambdas))
+        for eta in etas:
+            for lam in lambdas:
+                key = (eta, lam, tokens)
+                if key in passes:
+                    continue
+                evaluator.learning_rate, evaluator.decay_rate = eta, lam
+                try:
+                    logs = evaluator.evaluate(valid[: tokens + 1], verbose=0,
+                                              return_token_losses=True)
+                    passes[key] = np.asarray(logs["token_losses"][0], "float64")
+                except DivergenceError:
+                    passes[key] = None
+                result = passes[key]
+                log_line(f"η {eta:g}, λ {lam:g}, {tokens:,} tokens: " + (
+                    "diverged" if result is None else f"perplexity {math.exp(result.mean()):.2f}"))
+        scored = {(e, l): passes[(e, l, tokens)] for e in etas for l in lambdas
+                  if passes[(e, l, tokens)] is not None}
+        if not scored:
+            raise RuntimeError("Every dynamic-evaluation setting diverged")
+        best = min(scored, key=lambda k: scored[k].mean())
+        edges = [(axis, index) for axis, values in ((0, etas), (1, lambdas))
+                 for index in (0, -1) if best[axis] == values[index]]
+        if edges and widened < DYNAMIC_WIDEN:
+            widened += 1
+            for axis, index in edges:
+                if axis == 0:
+                    etas = _widened(etas, index)
+                else:
+                    lambdas = _widened(lambdas, index)
+            continue
+        gaps = {f"{e:g},{l:g}": separation(scored[best], scored[(e, l)], block)
+                for e, l in _grid_neighbours(grid, best) if (e, l) in scored}
+        separated = all(g >= DYNAMIC_SEPARATION for g in gaps.values())
+        if separated or tokens >= len(valid) - 1:
+            break
+        tokens = min(2 * tokens, len(valid) - 1)
+    return {
+        "learning_rate": best[0], "decay_rate": best[1], "slice_tokens": tokens,
+        "separation": gaps, "separated": separated, "on_edge": [
+            ("learning_rate", "decay_rate")[a] for a, _ in edges],
+        "learning_rates": list(etas), "decay_rates": list(lambdas),
+        "passes": [
+            {"learning_rate": e, "decay_rate": l, "tokens": n,
+             "perplexity": None if r is None else float(math.exp(r.mean()))}
+            for (e, l, n), r in passes.items()
+        ],
+    }
+
+
+def dynamic_run(record, name, row, candidate, corpus, args):
+    """Dynamic evaluation of a run's best weights: the joint search on
+    validation, then the whole test stream once."""
+    entry = record.run(name)
+    if "dynamic" in entry:
+        return
+    model_config, training = run_config(row, candidate, record.data["settings"])
+    model = lm.build_language_model(
+        len(corpus.vocabulary), model_config, training["batch_size"],
+        vocabulary=corpus.vocabulary,
+    )
+    lm.compile_language_model(model, training)
+    load_weights(model, os.path.join(REPOSITORY, entry["weights"]))
+    evaluator = DynamicEvaluator(
+        model.with_options(batch_size=args.dynamic_statistics_batch, samples=1),
+        segment_length=DYNAMIC_SEGMENT,
+    )
+    evaluator.collect_gradient_statistics(
+        corpus.train, steps=args.dynamic_statistics_batches,
+        batch_size=args.dynamic_statistics_batch,
+    )
+    start = time.time()
+    search = search_dynamic(
+        evaluator, corpus.valid,
+        lambda line: log(f"{row['name']} {name} dynamic: {line}"),
+        args.dynamic_slice_tokens, tuple(args.dynamic_learning_rates),
+        tuple(args.dynamic_decay_rates),
+        args.dynamic_block,
+    )
+    evaluator.learning_rate = search["learning_rate"]
+    evaluator.decay_rate = search["decay_rate"]
+    test = evaluator.evaluate(corpus.test, verbose=0)
+    entry["dynamic"] = dict(
+        search, epsilon=evaluator.epsilon, segment_length=DYNAMIC_SEGMENT,
+        statistics_batches=args.dynamic_statistics_batches,
+        test_perplexity=float(test["perplexity"]),
+        gain=1.0 - float(test["perplexity"]) / entry["static"]["test_perplexity_one_stream"],
+        seconds=time.time() - start,
+    )
+    record.save_run(name)
+    log(f"{row['name']} {name}: dynamic test {test['perplexity']:.2f} "
+        f"(η {search['learning_rate']:g}, λ {search['decay_rate']:g}, ranked on "
+        f"{search['slice_tokens']:,} validation tokens)")
+
+
 def summarise(record):
     seeds = [record.run(n) for n in record.data["seeds"].values()]
-    for key in ("valid_perplexity", "test_perplexity", "test_perplexity_one_stream"):
-        values = [s["static"][key] for s in seeds]
+    for key in ("valid_perplexity", "test_perplexity", "test_perplexity_one_stream",
+                "dynamic_test_perplexity"):
+        values = [s["dynamic"]["test_perplexity"] if key.startswith("dynamic")
+                  else s["static"][key] for s in seeds]
         record.data.setdefault("summary", {})[key] = {
             "mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1))
             if len(values) > 1 else None, "values": values,
@@ -716,6 +890,15 @@ def main(argv=None):
                         help="worker: train this run only (candidateK or seedN)")
     parser.add_argument("--until", type=int, default=None,
                         help="worker: to this many epochs in all (or the plateau)")
+    parser.add_argument("--dynamic-learning-rates", type=float, nargs="+",
+                        default=list(DYNAMIC_LEARNING_RATES))
+    parser.add_argument("--dynamic-decay-rates", type=float, nargs="+",
+                        default=list(DYNAMIC_DECAY_RATES))
+    parser.add_argument("--dynamic-slice-tokens", type=int, default=DYNAMIC_SLICE_TOKENS)
+    parser.add_argument("--dynamic-statistics-batches", type=int,
+                        default=DYNAMIC_STATISTICS_BATCHES)
+    parser.add_argument("--dynamic-statistics-batch", type=int, default=100)
+    parser.add_argument("--dynamic-block", type=int, default=DYNAMIC_BLOCK)
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
     if (args.run is None) != (args.until is None):

@@ -19,6 +19,9 @@ SETTINGS = [
     "--row", "lstm", "--parameters", "20000", "--candidates", "4", "--rungs", "1", "2",
     "--max-epochs", "3", "--seeds", "1", "2", "--max-tokens", "1200",
     "--batch-size", "4", "--bptt", "10", "--checkpoint-every", "7",
+    "--dynamic-learning-rates", "1e-4", "1e-3", "--dynamic-decay-rates", "1e-3", "1e-2",
+    "--dynamic-slice-tokens", "100", "--dynamic-statistics-batches", "2",
+    "--dynamic-statistics-batch", "4", "--dynamic-block", "20",
 ]
 # The script is a study run on JAX (its default); the library pieces it
 # drives (TrainingCheckpoint, the averaging and recovery callbacks, the
@@ -101,6 +104,11 @@ def test_halving_keeps_the_better_half_and_the_winner_has_every_seed(row):
     assert row["summary"]["valid_perplexity"]["values"] == [
         runs[n]["static"]["valid_perplexity"] for n in row["seeds"].values()
     ]
+    for name in row["seeds"].values():
+        dynamic = runs[name]["dynamic"]
+        assert math.isfinite(dynamic["test_perplexity"]) and dynamic["slice_tokens"] >= 100
+        assert len(dynamic["passes"]) >= 4  # the whole 2 × 2 grid at least
+    assert len(row["summary"]["dynamic_test_perplexity"]["values"]) == 2
     # The same candidates for every row: the draw depends on the seed only.
     assert row["candidates"][0] == runs["candidate1"]["hyperparameters"]
 
@@ -145,3 +153,55 @@ def test_plateau_keeps_the_validated_weights_and_stops(convergence, tmp_path):
     other = convergence.Plateau(path, patience=2, min_delta=0.5)
     other.set_resume_state(state, [])
     assert (other.best, other.best_epoch, other.wait) == (7.0, 4, 0)
+
+
+class _FakeEvaluator:
+    """Per-token losses of a made-up setting surface: a bowl in log η and
+    log λ around (`eta`, `lam`), plus the same noise for every setting."""
+
+    def __init__(self, eta, lam, depth=0.01, noise=0.5, seed=0):
+        self.eta, self.lam, self.depth = eta, lam, depth
+        self.noise = np.random.default_rng(seed).normal(0.0, noise, 100_000)
+        self.learning_rate = self.decay_rate = None
+        self.calls = []
+
+    def evaluate(self, ids, verbose=0, return_token_losses=False):
+        n = len(ids) - 1
+        self.calls.append((self.learning_rate, self.decay_rate, n))
+        bowl = self.depth * (
+            math.log10(self.learning_rate / self.eta) ** 2
+            + math.log10(self.decay_rate / self.lam) ** 2
+        )
+        # Each token's noise differs a little between settings too.
+        jitter = np.random.default_rng(len(self.calls)).normal(0.0, 0.05, n)
+        return {"token_losses": [4.0 + bowl + self.noise[:n] + jitter]}
+
+
+def test_the_search_widens_an_edge_and_grows_the_slice_until_separated(convergence):
+    valid = np.zeros(40_001, "int32")
+    lines = []
+    # The best λ lies below the grid (3e-5; the grid's step is ×3): the
+    # first widening adds 3.3e-5, still on the edge, the second 1.1e-5, and
+    # 3.3e-5 is then interior. The bowl is shallow: 1,000 tokens cannot
+    # separate the neighbours, so the slice doubles.
+    fake = _FakeEvaluator(eta=3e-5, lam=3e-5)
+    found = convergence.search_dynamic(
+        fake, valid, lines.append, 1_000, (1e-5, 3e-5, 1e-4), (1e-4, 3e-4, 1e-3), 100,
+    )
+    assert found["learning_rate"] == 3e-5
+    assert found["decay_rate"] == pytest.approx(1e-4 / 3)
+    assert found["decay_rates"][:2] == pytest.approx([1e-4 / 9, 1e-4 / 3])
+    assert found["on_edge"] == []
+    assert found["slice_tokens"] > 1_000 and found["separated"]
+    assert all(g >= 2.0 for g in found["separation"].values())
+    assert len(lines) == len(fake.calls) == len(found["passes"])
+
+
+def test_separation_is_in_standard_errors_of_block_means(convergence):
+    rng = np.random.default_rng(1)
+    best = rng.normal(0.0, 1.0, 10_000)
+    other = best + 0.1 + rng.normal(0.0, 1.0, 10_000)
+    # 100 blocks of 100: the block means' spread is about 0.1, their mean's
+    # standard error about 0.01: 0.1 above is about 10 errors.
+    assert 7 < convergence.separation(best, other, 100) < 13
+    assert math.isnan(convergence.separation(best[:150], other[:150], 100))
