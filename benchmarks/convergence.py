@@ -672,11 +672,9 @@ def _units(record):
     return record.trained_epochs
 
 
-def evaluate_run(record, name, row, candidate, corpus, args):
-    """Static test of a run's best weights (temperature tuned on validation)."""
-    entry = record.run(name)
-    if "static" in entry:
-        return
+def best_model(record, entry, row, candidate, corpus):
+    """A compiled model holding a run's best-validated weights, and its
+    training settings."""
     model_config, training = run_config(row, candidate, record.data["settings"])
     model = lm.build_language_model(
         len(corpus.vocabulary), model_config, training["batch_size"],
@@ -684,6 +682,15 @@ def evaluate_run(record, name, row, candidate, corpus, args):
     )
     lm.compile_language_model(model, training)
     load_weights(model, os.path.join(REPOSITORY, entry["weights"]))
+    return model, training
+
+
+def evaluate_run(record, name, row, candidate, corpus, args):
+    """Static test of a run's best weights (temperature tuned on validation)."""
+    entry = record.run(name)
+    if "static" in entry:
+        return
+    model, training = best_model(record, entry, row, candidate, corpus)
     tau = lm.search_temperature(
         model, corpus.valid, batch_size=training["eval_batch_size"],
         sequence_length=training["sequence_length"],
@@ -791,13 +798,7 @@ def dynamic_run(record, name, row, candidate, corpus, args):
     entry = record.run(name)
     if "dynamic" in entry:
         return
-    model_config, training = run_config(row, candidate, record.data["settings"])
-    model = lm.build_language_model(
-        len(corpus.vocabulary), model_config, training["batch_size"],
-        vocabulary=corpus.vocabulary,
-    )
-    lm.compile_language_model(model, training)
-    load_weights(model, os.path.join(REPOSITORY, entry["weights"]))
+    model, _ = best_model(record, entry, row, candidate, corpus)
     evaluator = DynamicEvaluator(
         model.with_options(batch_size=args.dynamic_statistics_batch, samples=1),
         segment_length=DYNAMIC_SEGMENT,
