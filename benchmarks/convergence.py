@@ -363,8 +363,7 @@ def _write_json(path, data):
     os.replace(temporary, path)
 
 
-def log(*parts):
-    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+log = paper_tables.log
 
 
 # === One run, to a number of epochs or its plateau ===
@@ -539,7 +538,7 @@ def train_all(record, units, row, corpus, args):
     if args.jobs <= 1 or len(pending) <= 1:
         for name, candidate, seed, until in pending:
             train_run(record, name, row, candidate, seed, until, corpus, args)
-            if args.stop_after_units and _units(record) >= args.stop_after_units:
+            if args.stop_after_units and record.trained_epochs >= args.stop_after_units:
                 return False
         return True
     record.save()
@@ -665,11 +664,6 @@ def worker(record, row, corpus, args):
             f"Received: {args.run!r}"
         )
     train_run(record, args.run, row, candidate, seed, args.until, corpus, args)
-
-
-def _units(record):
-    """Epochs trained by this process (for `--stop-after-units`)."""
-    return record.trained_epochs
 
 
 def best_model(record, entry, row, candidate, corpus):
@@ -922,7 +916,7 @@ def main(argv=None):
     record = RowRecord(path, settings, args.resume, worker=args.run is not None)
     if "units" not in record.data:
         units, params = paper_tables.units_for_budget(
-            len(corpus.vocabulary), row, dict(settings, **{"num_layers": 2})
+            len(corpus.vocabulary), row, settings
         )
         record.data.update(row=row["name"], cell=row["cell"], units=units, params=params,
                            data_hash=data_hash(args.data_dir))
