@@ -65,14 +65,31 @@ if [ "$jobs" -gt 1 ]; then
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 fi
 
+# Compiled programs are kept on disk for this run only (TEST_COMPILE_CACHE=0:
+# not at all), so that the many pytest processes and the killed-and-resumed
+# workers they start compile a tiny model's step once rather than in each:
+# JAX's persistent compilation cache, and TensorFlow's for XLA (the
+# evaluators' steps). The key of an entry is the program and the compiler's
+# flags, so a hit runs what a miss would have compiled; nothing is kept
+# between runs (a fresh directory each time, removed at the end).
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+if [ "${TEST_COMPILE_CACHE:-1}" = 1 ]; then
+  export JAX_COMPILATION_CACHE_DIR="$scratch/jax"
+  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+  export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+  mkdir -p "$scratch/tensorflow"
+  export TF_XLA_FLAGS="${TF_XLA_FLAGS:-} --tf_xla_persistent_cache_directory=$scratch/tensorflow"
+fi
+
 failed=()
 if [ "$jobs" -le 1 ]; then
   for backend in "${backend_list[@]}"; do
     run_backend "$backend" "$@" || failed+=("$backend")
   done
 else
-  logs=$(mktemp -d)
-  trap 'rm -rf "$logs"' EXIT
+  logs="$scratch/logs"
+  mkdir -p "$logs"
   declare -A pid_of=()
   print_finished() {
     local backend
