@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Sets up and runs the test suite on every Keras backend (TensorFlow, JAX,
-# PyTorch), two at a time on a machine with 2 cores or more (TEST_JOBS=1:
-# one after the other); KERAS_BACKEND=jax (say) runs one only.
-# Extra arguments go to pytest. Fails if the suite fails on any backend.
+# PyTorch), two pytest processes at a time on a machine with 2 cores or
+# more (TEST_JOBS=1: one after the other); KERAS_BACKEND=jax (say) runs one
+# backend only. Extra arguments go to pytest. Fails if the suite fails on
+# any backend.
 #
 # Without test paths among the arguments, each folder of tests/ (and the
-# top-level test files together) runs in its own pytest process: one
-# process for the whole suite on JAX crashed in XLA's CPU compiler
-# (segmentation fault in backend_compile_and_load, after ~500 tests, never
-# in the same test and never in a smaller run), and separate processes
-# also keep each backend's compiled-program caches small.
+# top-level test files together) runs in its own pytest process, once per
+# backend: one process for the whole suite on JAX crashed in XLA's CPU
+# compiler (segmentation fault in backend_compile_and_load, after ~500
+# tests, never in the same test and never in a smaller run), and separate
+# processes also keep each backend's compiled-program caches small. These
+# (backend, folder) runs are taken longest first (tests/group_seconds.txt,
+# measured) by TEST_JOBS workers, so that both cores stay busy to the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test || exit 1
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"
 backends="${KERAS_BACKEND:-tensorflow jax torch}"
+read -r -a backend_list <<< "$backends"
 
 has_paths=0
 for arg in "$@"; do
@@ -23,40 +27,29 @@ done
 if [ "$has_paths" = 1 ]; then
   groups=("")
 else
-  groups=()
+  # The folders of quick tests share one process (starting one costs a few
+  # seconds: importing the backend); each other folder has its own.
+  quick="tests/data tests/losses tests/metrics tests/optimizers tests/samplers"
+  groups=("$quick")
   for dir in tests/*/; do
-    ls "$dir"*_test.py >/dev/null 2>&1 && groups+=("${dir%/}")
+    dir="${dir%/}"
+    [[ " $quick " == *" $dir "* ]] && continue
+    ls "$dir"/*_test.py >/dev/null 2>&1 && groups+=("$dir")
   done
   groups+=("$(ls tests/*_test.py | tr '\n' ' ')")
 fi
+# Tests marked `once_per_suite` (tests/conftest.py) run on the last backend.
+export TEST_ONCE_BACKEND="${TEST_ONCE_BACKEND:-${backend_list[-1]}}"
 
-# One backend's suite, group after group; exit status 1 if any group failed.
-run_backend() {
-  local backend=$1 ok=1 group rc
-  shift
-  echo "=== KERAS_BACKEND=$backend ==="
-  for group in "${groups[@]}"; do
-    [ -n "$group" ] && echo "--- $group"
-    # shellcheck disable=SC2086  # the group is a list of paths
-    KERAS_BACKEND="$backend" .venv/bin/python -m pytest "$@" $group
-    rc=$?
-    # 5: no tests collected in this group (e.g. all deselected by -k).
-    if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then ok=0; fi
-  done
-  [ $ok = 1 ]
-}
-
-# TEST_JOBS backends at once (default: 2 with several backends and at least
+# TEST_JOBS pytest processes at once (default: 2 on a machine with at least
 # 2 cores, else 1). Most of a test's time is tracing and compiling, one
-# thread at a time, so a second backend uses the core the first leaves
-# idle. Each backend's output is kept apart and printed whole when it ends.
-read -r -a backend_list <<< "$backends"
+# thread at a time, so a second process uses the core the first leaves idle.
 jobs_default=1
-if [ ${#backend_list[@]} -gt 1 ] && [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ]; then
+if [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ] && [ $(( ${#backend_list[@]} * ${#groups[@]} )) -gt 1 ]; then
   jobs_default=2
 fi
 jobs=${TEST_JOBS:-$jobs_default}
-# Side by side, each backend keeps to one thread: PyTorch's default pool
+# Side by side, each process keeps to one thread: PyTorch's default pool
 # spins while it waits, and beside another busy process a step took several
 # times as long (docs/scaling.md, "PyTorch's threads on a shared machine").
 if [ "$jobs" -gt 1 ]; then
@@ -82,38 +75,53 @@ if [ "${TEST_COMPILE_CACHE:-1}" = 1 ]; then
   export TF_XLA_FLAGS="${TF_XLA_FLAGS:-} --tf_xla_persistent_cache_directory=$scratch/tensorflow"
 fi
 
+# The runs, longest first: "seconds backend index" (index into groups).
+seconds_of() {  # measured seconds of a (backend, group); 0 if not listed
+  awk -v b="$1" -v g="$2" '$1 == b && $2 == g { print $3; found = 1 } END { if (!found) print 0 }' \
+    tests/group_seconds.txt 2>/dev/null || echo 0
+}
+: > "$scratch/runs"
+for backend in "${backend_list[@]}"; do
+  for i in "${!groups[@]}"; do
+    # shellcheck disable=SC2086  # e.g. tests/data+tests/losses+...
+    key=$(echo ${groups[$i]} | tr ' ' '+')
+    [[ "$key" == *.py+* ]] && key="top-level"  # tests/*_test.py
+    echo "$(seconds_of "$backend" "${key:-all}") $backend $i" >> "$scratch/runs"
+  done
+done
+sort -k1,1nr -s "$scratch/runs" -o "$scratch/runs"
+printf '%s\0' "$@" > "$scratch/pytest_args"
+printf '%s\n' "${groups[@]}" > "$scratch/groups"
+mkdir -p "$scratch/logs" "$scratch/failed"
+
+# One run: pytest on one group for one backend; its output is printed whole
+# when it ends (never interleaved with another's), and a failure is noted.
+run_one() {
+  local backend=$1 index=$2 group args log rc start
+  group=$(sed -n "$((index + 1))p" "$SUITE_SCRATCH/groups")
+  mapfile -d '' args < "$SUITE_SCRATCH/pytest_args"
+  log="$SUITE_SCRATCH/logs/$backend.$index.log"
+  start=$SECONDS
+  # shellcheck disable=SC2086  # the group is a list of paths
+  KERAS_BACKEND="$backend" .venv/bin/python -m pytest "${args[@]}" $group > "$log" 2>&1
+  rc=$?
+  # 5: no tests collected in this group (e.g. all deselected by -k).
+  if [ $rc -ne 0 ] && [ $rc -ne 5 ]; then touch "$SUITE_SCRATCH/failed/$backend"; fi
+  (
+    flock 9
+    echo "=== KERAS_BACKEND=$backend ${group:-(the given tests)}: exit $rc, $((SECONDS - start)) s"
+    cat "$log"
+  ) 9> "$SUITE_SCRATCH/print.lock"
+}
+export -f run_one
+export SUITE_SCRATCH="$scratch"
+
+awk '{ print $2, $3 }' "$scratch/runs" | xargs -P "$jobs" -L 1 bash -c 'run_one "$@"' _
+
 failed=()
-if [ "$jobs" -le 1 ]; then
-  for backend in "${backend_list[@]}"; do
-    run_backend "$backend" "$@" || failed+=("$backend")
-  done
-else
-  logs="$scratch/logs"
-  mkdir -p "$logs"
-  declare -A pid_of=()
-  print_finished() {
-    local backend
-    for backend in "${!pid_of[@]}"; do
-      if ! kill -0 "${pid_of[$backend]}" 2>/dev/null; then
-        wait "${pid_of[$backend]}" || failed+=("$backend")
-        cat "$logs/$backend.log"
-        unset "pid_of[$backend]"
-      fi
-    done
-  }
-  for backend in "${backend_list[@]}"; do
-    while [ ${#pid_of[@]} -ge "$jobs" ]; do
-      sleep 2
-      print_finished
-    done
-    run_backend "$backend" "$@" > "$logs/$backend.log" 2>&1 &
-    pid_of[$backend]=$!
-  done
-  while [ ${#pid_of[@]} -gt 0 ]; do
-    sleep 2
-    print_finished
-  done
-fi
+for backend in "${backend_list[@]}"; do
+  [ -e "$scratch/failed/$backend" ] && failed+=("$backend")
+done
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test.sh: the suite failed on: ${failed[*]}"
   exit 1

@@ -16,6 +16,9 @@ import pytest
 
 import testing
 
+# Every backend's worker runs in its own process: once per suite.
+pytestmark = pytest.mark.once_per_suite
+
 BACKENDS = ("tensorflow", "jax", "torch")
 WORKER = os.path.join(os.path.dirname(__file__), "cross_backend_worker.py")
 

@@ -1,10 +1,10 @@
 """A training run killed anywhere and resumed ends as the uninterrupted one.
 
-Real processes (`resume_worker.py`) are killed with SIGKILL: after a step
-within an epoch, twice in one run, and half-way through writing each kind of
-checkpoint file. Each resumed run must end with the final variables (weights,
-optimizer-free model state, random-number generators) and the per-epoch
-history of the run that was never interrupted — bitwise, which holds on all
+Real processes (`resume_worker.py`) are killed with SIGKILL, five times in
+one run: after a step within an epoch, twice, and half-way through writing
+each kind of checkpoint file. The resumed run must end with the final
+variables (weights, optimizer-free model state, random-number generators)
+and the per-epoch history of the run that was never interrupted — bitwise, which holds on all
 three backends on CPU. The model has every kind of dropout, the data wraps
 around its text (with jittered starts), and Two-Tailed Averaging and
 DivergenceRecovery run, so their states are resumed too.
@@ -62,26 +62,35 @@ def _assert_same_run(out, uninterrupted):
         np.testing.assert_array_equal(got, want)
 
 
-def test_killed_within_epochs_twice_and_resumed(tmp_path, uninterrupted):
+def test_killed_five_times_in_one_run_and_resumed(tmp_path, uninterrupted):
+    """One run killed five times, each resumed process killed at a new place:
+    after a step within an epoch, half way through writing each kind of
+    checkpoint file (the model, a state file, the progress file), and after
+    a step of a later epoch; the run then ends as the uninterrupted one."""
     out, checkpoint = tmp_path / "out.npz", tmp_path / "checkpoint"
     steps = uninterrupted[1]["steps"]  # per epoch
-    # Epoch 1 step 7 (last checkpoint at step 4), then epoch 3 step 3.
+
+    def progress():
+        with open(checkpoint / "progress.json") as f:
+            record = json.load(f)
+        return record["epoch"], record["step"]
+
+    def killed_in_write(kind, name):
+        _run(out, checkpoint, "--resume", "--kill-in-write", kind, expect=KILLED)
+        partial = [f for f in os.listdir(checkpoint) if ".partial" in f]
+        assert len(partial) == 1 and partial[0].startswith(name), partial
+
+    # Epoch 1 step 7: the last checkpoint is at step 4.
     _run(out, checkpoint, "--kill-step", "7", expect=KILLED)
+    assert progress() == (0, 4)
+    # The 2nd model file this process writes (the end of epoch 2), half written.
+    killed_in_write("keras:2", "last.keras")
+    # Epoch 3 step 3: the checkpoint at the end of epoch 2 is the last.
     _run(out, checkpoint, "--resume", "--kill-step", str(2 * steps + 3), expect=KILLED)
-    with open(checkpoint / "progress.json") as f:
-        progress = json.load(f)
-    assert (progress["epoch"], progress["step"]) == (2, 0)
-    _run(out, checkpoint, "--resume")
-    _assert_same_run(out, uninterrupted)
-
-
-@pytest.mark.parametrize(
-    "first, second", [("npz:3", "json:4"), ("keras:2", "npz:2")]
-)
-def test_killed_while_writing_a_checkpoint_and_resumed(tmp_path, uninterrupted, first, second):
-    out, checkpoint = tmp_path / "out.npz", tmp_path / "checkpoint"
-    _run(out, checkpoint, "--kill-in-write", first, expect=KILLED)
-    _run(out, checkpoint, "--resume", "--kill-in-write", second, expect=KILLED)
+    assert progress() == (2, 0)
+    # The 3rd state file, then the 4th progress file, half written.
+    killed_in_write("npz:3", "state-")
+    killed_in_write("json:4", "progress.json")
     _run(out, checkpoint, "--resume")
     _assert_same_run(out, uninterrupted)
     leftovers = [f for f in os.listdir(checkpoint) if ".partial" in f]

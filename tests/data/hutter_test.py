@@ -10,6 +10,9 @@ from keras_mogrifier.data import Vocabulary
 from keras_mogrifier.data import load_enwik8
 from keras_mogrifier.data import load_text8
 
+# NumPy and Python only: the outcome is the same on every backend.
+pytestmark = pytest.mark.once_per_suite
+
 
 def _enwik8_like(size, seed=0):
     """Wikipedia XML as enwik8 holds it: markup, UTF-8 text in several scripts."""

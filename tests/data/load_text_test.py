@@ -9,6 +9,9 @@ import pytest
 from keras_mogrifier.data import Vocabulary
 from keras_mogrifier.data import load_text
 
+# NumPy and Python only: the outcome is the same on every backend.
+pytestmark = pytest.mark.once_per_suite
+
 # Accents, Greek, Cyrillic, CJK, an emoji and Arabic: more than one byte each.
 MIXED = (
     "Zürich et Genève sont en Suisse.\n"

@@ -5,6 +5,9 @@ import pytest
 
 from keras_mogrifier.data import reverse_copy
 
+# NumPy and Python only: the outcome is the same on every backend.
+pytestmark = pytest.mark.once_per_suite
+
 
 def test_structure_is_lambs_conditioned_layout():
     """lamb/corpus.py 283-298: cond = tokens + eos; source = eos + target

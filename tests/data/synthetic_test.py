@@ -8,6 +8,9 @@ from keras_mogrifier.data import synthetic
 from keras_mogrifier.data import synthetic_corpus
 from keras_mogrifier.data import synthetic_lines
 
+# NumPy and Python only: the outcome is the same on every backend.
+pytestmark = pytest.mark.once_per_suite
+
 
 def test_deterministic_and_seeded():
     a = synthetic_corpus(train_tokens=3000, valid_tokens=500, test_tokens=500)

@@ -17,6 +17,7 @@ from keras_mogrifier.evaluation.temperature import DEFAULT_TEMPERATURES
 from keras_mogrifier.evaluation.temperature import search_temperature
 from keras_mogrifier.models import LanguageModel
 
+from testing import jit_layer_call
 from testing import to_numpy
 
 V = 19
@@ -67,9 +68,11 @@ def _sampled_stream(model, n, tau, seed=4):
     saved = model.temperature
     model.set_temperature(1.0)
     model.reset_states()
+    step = jit_layer_call(model)  # one compiled step, the state carried
     ids = [int(rng.integers(V))]
     for _ in range(n - 1):
-        z = tau * to_numpy(model(np.array([[ids[-1]]], "int32"))).astype("float64")[0, -1]
+        logits = step(np.array([[ids[-1]]], "int32"), False)
+        z = tau * to_numpy(logits).astype("float64")[0, -1]
         p = np.exp(z - z.max())
         ids.append(int(rng.choice(V, p=p / p.sum())))
     model.reset_states()

@@ -28,7 +28,7 @@ def trained(corpus):
         len(corpus.vocabulary), {"units": 16, "num_layers": 1, "mogrifier_rounds": 1}, 8
     )
     pipeline.compile_language_model(
-        model, {"optimizer": "adam", "learning_rate": 1e-2, "beta_1": 0.0, "jit_compile": False}
+        model, {"optimizer": "adam", "learning_rate": 1e-2, "beta_1": 0.0, "jit_compile": "auto"}
     )
     model.fit(StreamDataset(corpus.train, 8, 20), epochs=3, verbose=0)
     return model

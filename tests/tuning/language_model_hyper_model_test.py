@@ -15,7 +15,9 @@ from keras_mogrifier.tuning import trial_rows
 from keras_mogrifier.tuning import trials_table
 
 BATCH, WINDOW = 4, 10
-TINY = {"units": 12, "num_layers": 1, "jit_compile": False}
+# "auto": XLA on JAX (op by op, a trial took minutes), none on TensorFlow's
+# CPU (graph mode) and PyTorch.
+TINY = {"units": 12, "num_layers": 1, "jit_compile": "auto"}
 # Few rounds keep the graphs (and the tracing time of each trial) small.
 SEARCH_RANGES = {"mogrifier_rounds": (1, 2), "dual_units": [6, 12]}
 

@@ -7,6 +7,9 @@ from keras_mogrifier.tuning import search_space
 from keras_mogrifier.tuning.search_space import DYNAMIC_EVALUATION_SEARCH_SPACE
 from keras_mogrifier.tuning.search_space import LANGUAGE_MODEL_SEARCH_SPACE
 
+# NumPy and Python only: the outcome is the same on every backend.
+pytestmark = pytest.mark.once_per_suite
+
 # Typed in from the papers (../shared/seeds), independently of the module.
 # Mogrifier LSTM, Appendix A, Table 4: (low, high, spacing).
 MOGRIFIER_TABLE_4 = {
