@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-import testing
 
-# Every backend's worker runs in its own process: once per suite.
+# Every backend's worker runs in its own process: once per suite (on the
+# backend scripts/test.sh names; by hand, on any).
 pytestmark = pytest.mark.once_per_suite
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -47,14 +47,6 @@ def outputs(tmp_path_factory):
 
 
 # The three workers run the three backends themselves: once is enough.
-once = testing.backend_specific(
-    "tensorflow",
-    reason="the test starts one process per backend itself, so it runs in one "
-    "backend's suite only",
-)
-
-
-@once
 def test_same_weights_give_the_same_logits_and_dynamic_losses(outputs):
     results = {b: dict(np.load(outputs / f"{b}_results.npz")) for b in BACKENDS}
     keys = sorted(results["tensorflow"])
@@ -75,7 +67,6 @@ def test_same_weights_give_the_same_logits_and_dynamic_losses(outputs):
     assert np.abs(dynamic[:, 5:] - static[:, 5:]).max() > 1e-3
 
 
-@once
 def test_keras_files_load_on_every_other_backend_and_predict_the_same(outputs):
     for reader in BACKENDS:
         loaded = dict(np.load(outputs / f"{reader}_loaded.npz"))
