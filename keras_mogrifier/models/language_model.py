@@ -1,3 +1,5 @@
+import inspect
+
 import keras
 from keras import ops
 
@@ -283,7 +285,11 @@ class LanguageModel(
         )
         composed = backbone is not None or head is not None
         if composed:
-            _composition.check_parts(backbone, head, arguments)
+            defaults = {
+                name: parameter.default
+                for name, parameter in inspect.signature(LanguageModel.__init__).parameters.items()
+            }
+            _composition.check_parts(backbone, head, arguments, defaults)
             vocabulary_size = backbone.vocabulary_size
         else:
             vocabulary_size = _validation.positive_int("vocabulary_size", vocabulary_size)
