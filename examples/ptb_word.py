@@ -23,6 +23,8 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
 import _quiet  # noqa: F401  (first: a quiet TensorFlow start)
 
 import keras  # noqa: E402
@@ -39,6 +41,9 @@ from keras_mogrifier.pipeline.language_modeling import DYNAMIC_DECAY_RATES  # no
 from keras_mogrifier.pipeline.language_modeling import DYNAMIC_EPSILON  # noqa: E402
 from keras_mogrifier.pipeline import save_language_model  # noqa: E402
 from keras_mogrifier.pipeline import write_results  # noqa: E402
+
+# The default vocabulary of --text at word level: Penn Treebank's 10k words.
+DEFAULT_MAX_WORDS = 10_000
 
 
 def parse_args(argv=None, level="word", default_preset="tiny"):
@@ -58,7 +63,11 @@ def parse_args(argv=None, level="word", default_preset="tiny"):
     parser.add_argument("--min-count", type=int, default=1,
                         help="--text: words seen fewer times in training become <unk>")
     parser.add_argument("--max-size", type=int,
-                        help="--text: keep at most this many words (the most frequent)")
+                        help="--text: keep at most this many tokens (the most frequent; "
+                             "the rest read as <unk>); 0: every token. Default: "
+                             f"{DEFAULT_MAX_WORDS:,} at word level (Penn Treebank's "
+                             "size: the softmax in proportion to a small model), "
+                             "no cap for characters and bytes")
     parser.add_argument("--encoding", default="utf-8", help="--text: the file's encoding")
     parser.add_argument("--no-download", action="store_true",
                         help="never try the network; without --data-dir use the embedded corpus")
@@ -156,10 +165,24 @@ def overrides(args):
 def load(args):
     """The corpus the flags name."""
     if args.text:
-        return load_text(
+        max_size = args.max_size
+        if max_size is None and args.level == "word":
+            max_size = DEFAULT_MAX_WORDS
+        corpus = load_text(
             args.text, args.level, min_count=args.min_count,
-            max_size=args.max_size, encoding=args.encoding,
+            max_size=max_size or None, encoding=args.encoding,
         )
+        if args.max_size is None and max_size:
+            unk = corpus.vocabulary.unk_id
+            unknown = 0.0 if unk is None else float(np.mean(corpus.train == unk))
+            if unknown:
+                print(
+                    f"vocabulary: the {max_size:,} most frequent words of the "
+                    f"training text ({100 * unknown:.1f}% of its tokens read as "
+                    "<unk>); --max-size N to change it, --max-size 0 for every word",
+                    flush=True,
+                )
+        return corpus
     if args.data_dir is None and args.no_download:
         return synthetic_corpus(level=args.level)
     return load_ptb(args.data_dir, level=args.level, download=not args.no_download)

@@ -11,11 +11,14 @@ from keras_mogrifier.generation import text as text_lib
 from keras_mogrifier.generation.decoder import check_model
 from keras_mogrifier.generation.decoder import decoder_for
 
+# New tokens after the longest prompt when `max_length` is not given.
+DEFAULT_NEW_TOKENS = 100
+
 
 def generate(
     model,
     prompts,
-    max_length,
+    max_length=None,
     sampler="greedy",
     *,
     k=None,
@@ -25,6 +28,7 @@ def generate(
     seed=None,
     stop_token_ids="auto",
     vocabulary=None,
+    strip_prompt=False,
     jit_compile="auto",
 ):
     """Continues each prompt, one token at a time through the carried state.
@@ -42,8 +46,11 @@ def generate(
         model: a built, stateful `LanguageModel`.
         prompts: a string, a list of strings (read with the vocabulary), a
             1-D sequence of token ids, or a list / 2-D array of them.
-        max_length: int. Length of each output, prompt included (as in
-            keras-hub); must exceed the longest prompt.
+        max_length: int or `None`. Length of each output, prompt included
+            (as in keras-hub); must exceed the longest prompt. `None`: the
+            longest prompt plus 100 tokens (`DEFAULT_NEW_TOKENS`; keras-hub
+            takes its preprocessor's `sequence_length`, which a recurrent
+            model does not have). Defaults to `None`.
         sampler: `"greedy"`, `"top_k"`, `"top_p"`, `"random"`, `"beam"`
             or a `keras_mogrifier.samplers.Sampler`. Defaults to `"greedy"`.
         k: int or `None`. `k` of `"top_k"` (default 5) or `"top_p"`.
@@ -61,14 +68,23 @@ def generate(
             vocabulary, else no stop. Defaults to `"auto"`.
         vocabulary: a `keras_mogrifier.data.Vocabulary` or `None`. For text
             prompts and outputs; defaults to the model's `vocabulary`.
+        strip_prompt: bool. Return only the new tokens, without the prompt
+            (as keras-hub's `strip_prompt`). Defaults to `False`.
         jit_compile: bool or `"auto"`. Defaults to `"auto"`.
 
     Returns:
         For text prompts strings, for id prompts int32 arrays (prompt and
-        continuation); one result for one prompt, else a list.
+        continuation, or the continuation only with `strip_prompt=True`);
+        one result for one prompt, else a list.
     """
     check_model(model)
-    max_length = _validation.positive_int("max_length", max_length)
+    if max_length is not None:
+        max_length = _validation.positive_int("max_length", max_length)
+    if not isinstance(strip_prompt, (bool, np.bool_)):
+        raise ValueError(
+            f"Expected `strip_prompt` to be True or False. Received: "
+            f"strip_prompt={strip_prompt!r}"
+        )
     sampler = samplers_lib.get(
         sampler, k=k, p=p, num_beams=num_beams, temperature=temperature
     )
@@ -85,6 +101,8 @@ def generate(
     )
     beams = sampler.num_beams if isinstance(sampler, samplers_lib.BeamSampler) else None
     longest = max(len(s) for s in sequences)
+    if max_length is None:
+        max_length = longest + DEFAULT_NEW_TOKENS
     if max_length <= longest:
         raise ValueError(
             "Expected `max_length` (the output length, prompt included) to "
@@ -110,6 +128,8 @@ def generate(
                 outputs.extend(_decode(decoder, group, max_length, sampler, stop, rng))
             else:
                 outputs.extend(_beam_decode(decoder, group, max_length, sampler, stop))
+    if strip_prompt:
+        outputs = [ids[len(prompt):] for ids, prompt in zip(outputs, sequences)]
     if as_text:
         outputs = [text_lib.decode(vocabulary, ids) for ids in outputs]
     return outputs[0] if single else outputs

@@ -1,7 +1,5 @@
 """How `LanguageModel` joins a `RecurrentBackbone` and a `LanguageModelHead`."""
 
-import inspect
-
 from keras_mogrifier.layers.language_model_head import LanguageModelHead
 from keras_mogrifier.models.recurrent_backbone import RecurrentBackbone
 
@@ -24,11 +22,13 @@ class Parts:
         self.head = head
 
 
-def check_parts(backbone, head, arguments):
+def check_parts(backbone, head, arguments, defaults):
     """Raises a `ValueError` unless `backbone` and `head` make one model.
 
-    `arguments`: the `LanguageModel` constructor's arguments; the
-    architecture is the parts', so none of its flat arguments may be set.
+    `arguments`: the `LanguageModel` constructor's arguments, `defaults`
+    their defaults (`{name: default}`, from its signature: passed in, so that
+    this module need not import the task); the architecture is the parts',
+    so none of its flat arguments may be set.
     """
     if not isinstance(backbone, RecurrentBackbone) or not isinstance(
         head, LanguageModelHead
@@ -38,16 +38,13 @@ def check_parts(backbone, head, arguments):
             "`LanguageModelHead`, both or neither. Received: "
             f"backbone={type(backbone).__name__}, head={type(head).__name__}"
         )
-    from keras_mogrifier.models.language_model import LanguageModel
-
-    defaults = inspect.signature(LanguageModel.__init__).parameters
     changed = [
         f"{name}={arguments[name]!r}"
-        for name, parameter in defaults.items()
+        for name, default in defaults.items()
         if name in arguments
         and name not in TASK_ARGUMENTS
         and name not in ("self", "kwargs", "vocabulary_size")
-        and arguments[name] != parameter.default
+        and arguments[name] != default
     ]
     size = arguments.get("vocabulary_size")
     if size is not None and size != backbone.vocabulary_size:

@@ -1,8 +1,11 @@
+import inspect
+
 import keras
 from keras import ops
 
 from keras_mogrifier import _validation
 from keras_mogrifier import generation
+from keras_mogrifier import samplers
 from keras_mogrifier._export import register
 from keras_mogrifier.layers.language_model_head import DEFAULT_CHUNK_SIZE
 from keras_mogrifier.layers.language_model_head import LanguageModelHead
@@ -282,7 +285,11 @@ class LanguageModel(
         )
         composed = backbone is not None or head is not None
         if composed:
-            _composition.check_parts(backbone, head, arguments)
+            defaults = {
+                name: parameter.default
+                for name, parameter in inspect.signature(LanguageModel.__init__).parameters.items()
+            }
+            _composition.check_parts(backbone, head, arguments, defaults)
             vocabulary_size = backbone.vocabulary_size
         else:
             vocabulary_size = _validation.positive_int("vocabulary_size", vocabulary_size)
@@ -564,11 +571,53 @@ class LanguageModel(
 
     # === Generation and scoring ===
 
+    def compile(
+        self,
+        optimizer="rmsprop",
+        loss=None,
+        metrics=None,
+        weighted_metrics=None,
+        *,
+        sampler="greedy",
+        **kwargs,
+    ):
+        """Configures the model for training and for `generate`.
+
+        As `keras.Model.compile`, with the `sampler` of keras-hub's
+        `CausalLM.compile`: the default sampler of `generate` (a call's own
+        `sampler=` still takes precedence).
+
+        Args:
+            optimizer, loss, metrics, weighted_metrics, **kwargs: as
+                `keras.Model.compile`.
+            sampler: a sampler name (`"greedy"`, `"top_k"`, `"top_p"`,
+                `"random"`, `"beam"`) or a `keras_mogrifier.samplers.Sampler`.
+                Defaults to `"greedy"` (keras-hub's default is `"top_k"`; the
+                greedy default keeps `generate` deterministic, as it was
+                before `compile` took a sampler). Like keras-hub's, it is not
+                saved with the model: a loaded model generates greedily until
+                compiled with another.
+
+        Example:
+
+        >>> model = LanguageModel(12, units=8, num_layers=1, batch_size=2)
+        >>> model.build((2, None))
+        >>> model.compile(optimizer="adam", sampler=samplers.TopKSampler(k=3))
+        >>> model.sampler.k
+        3
+        """
+        sampler = samplers.get(sampler)  # checked before anything changes
+        super().compile(
+            optimizer=optimizer, loss=loss, metrics=metrics,
+            weighted_metrics=weighted_metrics, **kwargs,
+        )
+        self.sampler = sampler
+
     def generate(
         self,
         prompts,
-        max_length,
-        sampler="greedy",
+        max_length=None,
+        sampler=None,
         *,
         k=None,
         p=None,
@@ -576,6 +625,7 @@ class LanguageModel(
         temperature=None,
         seed=None,
         stop_token_ids="auto",
+        strip_prompt=False,
         vocabulary=None,
         jit_compile="auto",
     ):
@@ -585,9 +635,11 @@ class LanguageModel(
         `vocabulary=`); ids give ids. The samplers are keras-hub's
         (`"greedy"`, `"top_k"` with `k`, `"top_p"` with `p`, `"random"`,
         `"beam"` with `num_beams`, each with `temperature`, or a
-        `keras_mogrifier.samplers.Sampler`).
-        `max_length` counts the prompt too. See
-        `keras_mogrifier.generation.generate` for every argument.
+        `keras_mogrifier.samplers.Sampler`); `sampler=None` takes the one
+        given to `compile(sampler=...)`, greedy if none was.
+        `max_length` counts the prompt too; `None` is the longest prompt
+        plus 100 tokens. `strip_prompt=True` returns the new tokens only.
+        See `keras_mogrifier.generation.generate` for every argument.
 
         Example:
 
@@ -599,10 +651,13 @@ class LanguageModel(
         >>> len(model.generate("the cat", max_length=6, stop_token_ids=None).split())
         6
         """
+        if sampler is None:
+            sampler = getattr(self, "sampler", None) or "greedy"
         return generation.generate(
             self, prompts, max_length, sampler, k=k, p=p, num_beams=num_beams,
             temperature=temperature, seed=seed, stop_token_ids=stop_token_ids,
-            vocabulary=vocabulary, jit_compile=jit_compile,
+            vocabulary=vocabulary, strip_prompt=strip_prompt,
+            jit_compile=jit_compile,
         )
 
     def score(self, texts, *, vocabulary=None, jit_compile="auto"):

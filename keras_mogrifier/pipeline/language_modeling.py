@@ -516,6 +516,69 @@ class _EpochLog(keras.callbacks.Callback):
         self.log(" ".join(parts))
 
 
+class _ProgressLog(keras.callbacks.Callback):
+    """Progress for a log (`verbose=2`, output not a terminal): once the
+    first steps are timed, each epoch's expected time; then a line every
+    `every` seconds — step, tokens per second, time left.
+
+    The first step of a run (tracing and compiling) is left out of the
+    rate; the estimate is printed after `estimate_after` seconds of steps or
+    at the epoch's end, whichever comes first.
+    """
+
+    def __init__(self, log, epochs, steps, tokens_per_step, every=30.0,
+                 estimate_after=10.0, clock=time.monotonic):
+        super().__init__()
+        self.log, self.epochs, self.steps = log, epochs, steps
+        self.tokens_per_step = tokens_per_step
+        self.every, self.estimate_after, self.clock = every, estimate_after, clock
+        self._estimated = False
+        self._timed_steps, self._timed_seconds = 0, 0.0
+        self._last = None
+        self._last_line = 0.0  # set when the estimate is logged
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._last = None  # the first step of an epoch may wait on data
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = self.clock()
+        if self._last is not None:
+            self._timed_steps += 1
+            self._timed_seconds += now - self._last
+        self._last = now
+        if self._timed_steps == 0:
+            return
+        per_step = self._timed_seconds / self._timed_steps
+        left_in_epoch = (self.steps - batch - 1) * per_step
+        left = left_in_epoch + (self.epochs - self._epoch - 1) * self.steps * per_step
+        if not self._estimated and self._timed_seconds >= self.estimate_after:
+            self._estimate(per_step, left)
+        elif self._estimated and now - self._last_line >= self.every:
+            self.log(
+                f"epoch {self._epoch + 1}/{self.epochs} step {batch + 1:,}/"
+                f"{self.steps:,}: {self.tokens_per_step / per_step:,.0f} tokens/s, "
+                f"epoch ends in {_duration(left_in_epoch)}, training in {_duration(left)}"
+            )
+            self._last_line = now
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self._estimated and self._timed_steps:
+            per_step = self._timed_seconds / self._timed_steps
+            self._estimate(per_step, (self.epochs - epoch - 1) * self.steps * per_step)
+
+    def _estimate(self, per_step, left):
+        self._estimated = True
+        self._last_line = self.clock()
+        self.log(
+            f"timing: {self.tokens_per_step / per_step:,.0f} tokens/s over "
+            f"{self._timed_steps} steps -> about {_duration(self.steps * per_step)} "
+            f"per epoch of {self.steps:,} steps; training ends in about "
+            f"{_duration(left)} (validation not counted)"
+        )
+
+
 def resolve_verbose(verbose):
     """`"auto"`: progress bars (1) on a terminal, one line per phase (2) otherwise."""
     if verbose == "auto":
@@ -623,6 +686,8 @@ def _figure(perplexity, level):
 
 def _duration(seconds):
     minutes, seconds = divmod(int(round(seconds)), 60)
+    if minutes >= 60:
+        return f"{minutes // 60}h{minutes % 60:02d}m"
     return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
@@ -757,12 +822,15 @@ def run_experiment(
             )
             compile_language_model(model, training)
             resume_exactly = saved is not None
+        parameters = model.count_params() - _state_size(model)
+        by_vocabulary = _vocabulary_parameters(model, vocabulary_size)
         log(
             f"model: {config['model'].get('cell')} "
             f"{config['model'].get('num_layers')}×{config['model'].get('units')}, "
-            f"{model.count_params() - _state_size(model):,} parameters; "
-            f"corpus: {corpus.source}, {len(corpus.train):,} training tokens, "
-            f"vocabulary {vocabulary_size:,}"
+            f"{parameters:,} parameters ({by_vocabulary:,}, "
+            f"{100 * by_vocabulary / max(parameters, 1):.0f}%, in the embedding "
+            f"and softmax of the {vocabulary_size:,}-token vocabulary); "
+            f"corpus: {corpus.source}, {len(corpus.train):,} training tokens"
         )
         train_data = stream_dataset(
             corpus.train, training, line_end_id=_line_end_id(corpus)
@@ -771,6 +839,11 @@ def run_experiment(
             corpus.valid, training, training["eval_batch_size"], evaluation=True
         )
         epoch_log = _EpochLog(log, training["epochs"])
+        progress = (
+            [_ProgressLog(log, training["epochs"], len(train_data), training["batch_size"]
+                          * training["sequence_length"])]
+            if verbose == 2 else []
+        )
         with clock.phase("training"):
             model.fit(
                 train_data,
@@ -785,6 +858,7 @@ def run_experiment(
                     checkpoint_every_steps=checkpoint_every_steps,
                 )
                 + [epoch_log]
+                + progress
                 + list(callbacks or []),
                 verbose=1 if verbose == 1 else 0,
             )
@@ -978,6 +1052,15 @@ def _line_end_id(corpus):
         return None if vocabulary is None else int(vocabulary.eos_id)
     except (AttributeError, KeyError):
         return None
+
+
+def _vocabulary_parameters(model, vocabulary_size):
+    """Trainable parameters in tensors with a vocabulary-sized axis (the
+    embedding, tied or not, the softmax's kernel and bias)."""
+    return sum(
+        int(np.prod(v.shape)) for v in model.trainable_weights
+        if vocabulary_size in tuple(v.shape)
+    )
 
 
 def _state_size(model):

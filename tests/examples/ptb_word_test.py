@@ -7,6 +7,7 @@ import os
 import sys
 
 import keras
+import numpy as np
 import pytest
 
 from keras_mogrifier.data import synthetic_lines
@@ -155,3 +156,33 @@ def test_flags_become_preset_overrides():
     # 0 turns off the chunking that the paper preset sets.
     model, _ = example.overrides(example.parse_args(["--softmax-chunk-size", "0"]))
     assert model == {"softmax_chunk_size": None}
+
+
+def test_word_level_text_caps_its_vocabulary_by_default_and_says_so(
+    tmp_path, capsys, monkeypatch
+):
+    # 60 distinct words, the i-th seen i + 1 times; the default cap set to 30.
+    words = [f"w{i}" for i in range(60) for _ in range(i + 1)]
+    order = np.random.default_rng(0).permutation(len(words))
+    lines = [" ".join(words[j] for j in order[k : k + 10]) for k in range(0, len(words), 10)]
+    path = tmp_path / "notes.txt"
+    path.write_text("\n".join(lines) + "\n")
+    example = _load_example("ptb_word")
+    monkeypatch.setattr(example, "DEFAULT_MAX_WORDS", 30)
+    corpus = example.load(example.parse_args(["--text", str(path)]))
+    printed = capsys.readouterr().out
+    assert len(corpus.vocabulary) == 30 + 2  # and <eos>, <unk>
+    assert "w59" in corpus.vocabulary and "w0" not in corpus.vocabulary
+    match = re.search(r"vocabulary: the 30 most frequent words .*\(([\d.]+)% .*<unk>\); "
+                      r"--max-size N to change it, --max-size 0 for every word", printed)
+    assert match, printed
+    unknown = np.mean(corpus.train == corpus.vocabulary.unk_id)
+    assert float(match.group(1)) == round(100 * unknown, 1) and unknown > 0
+    # Asked for: no note. 0: every word. Characters: no cap.
+    assert len(example.load(example.parse_args(["--text", str(path), "--max-size", "40"]))
+               .vocabulary) == 42
+    assert len(example.load(example.parse_args(["--text", str(path), "--max-size", "0"]))
+               .vocabulary) > 60
+    assert capsys.readouterr().out == ""
+    chars = example.load(example.parse_args(["--text", str(path), "--level", "char"]))
+    assert "w" in chars.vocabulary and capsys.readouterr().out == ""
