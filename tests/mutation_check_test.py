@@ -4,12 +4,12 @@ and differs), and `--compare` fails when a mutant the old suite killed
 survives the new one. The mutants themselves are run by hand
 (docs/testing.md): hours of CPU."""
 
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
+
+from testing import load_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,12 +19,7 @@ pytestmark = pytest.mark.once_per_suite
 
 @pytest.fixture(scope="module")
 def mutation_check():
-    path = os.path.join(ROOT, "scripts", "mutation_check.py")
-    spec = importlib.util.spec_from_file_location("mutation_check", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mutation_check"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(os.path.join(ROOT, "scripts", "mutation_check.py"), "mutation_check")
 
 
 def test_every_mutant_applies_to_the_package_as_it_is(mutation_check):

@@ -393,3 +393,17 @@ class PoisonCalls(keras.callbacks.Callback):
         self.count += 1
         self.model  # on JAX, puts the training state back into the variables
         self.layer.factor.assign(self.value if self.count in self.calls else 1.0)
+
+
+def load_module(path, name):
+    """The Python file at `path` imported as module `name` (registered in
+    `sys.modules`, so its dataclasses and pickles resolve): scripts under
+    benchmarks/ and scripts/, which are not a package."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,13 +1,14 @@
 """benchmarks/paper_tables.py: equal budgets and tuning per row, one JSON
 written as it grows, resuming, and re-training a recorded row."""
 
-import importlib.util
 import json
 import math
 import os
 import sys
 
 import pytest
+
+from testing import load_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A tiny study on the embedded corpus: 2 trials of 2 epochs, 2 epochs, 2 seeds.
@@ -31,12 +32,7 @@ trains = pytest.mark.skipif(
 
 
 def _load():
-    path = os.path.join(ROOT, "benchmarks", "paper_tables.py")
-    spec = importlib.util.spec_from_file_location("paper_tables", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["paper_tables"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(os.path.join(ROOT, "benchmarks", "paper_tables.py"), "paper_tables")
 
 
 @pytest.fixture(scope="module")
