@@ -4,7 +4,6 @@ written as it grows, resuming, and re-training a recorded row."""
 import json
 import math
 import os
-import sys
 
 import pytest
 
