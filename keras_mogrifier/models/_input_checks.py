@@ -261,3 +261,101 @@ def prepare_validation_data(model, validation_data, batch_size):
         model, validation_data, None, None, batch_size, False, True,
         "validation data",
     )
+
+
+def _static_shape(value):
+    try:
+        return tuple(value.shape)
+    except (AttributeError, TypeError, ValueError):  # TF: unknown rank
+        return None
+
+
+def _dtype_name(value):
+    return keras.backend.standardize_dtype(value.dtype)
+
+
+def check_cache_call(model, token_ids, cache):
+    """Checks the arguments of `call_with_cache` before the call.
+
+    The ids get the checks of `model(ids)`: rank 2 and an integer dtype
+    always (also when traced: both are static), every id in
+    `[0, vocabulary_size)` when the ids are concrete (eager, or host
+    arrays). The cache: `None`, or a list (or tuple) of `2 · num_layers`
+    floating tensors `(rows, units)`, `h` and `c` of each layer, with the
+    rows of the ids.
+
+    Returns:
+        `token_ids`, as a NumPy array when given as a list or tuple.
+    """
+    if isinstance(token_ids, (list, tuple)) or is_host_array(token_ids):
+        token_ids = model.check_token_ids(token_ids, "token_ids")
+    shape = _static_shape(token_ids)
+    if shape is not None and len(shape) != 2:
+        raise ValueError(
+            "Expected `token_ids` to be token ids of shape (batch, time). "
+            f"Received: token_ids.shape={shape}"
+        )
+    dtype = _dtype_name(token_ids)
+    if dtype == "bool" or not ("int" in dtype):
+        raise ValueError(
+            "Expected `token_ids` to hold integer token ids. "
+            f"Received: token_ids.dtype={dtype}"
+        )
+    if not (
+        is_host_array(token_ids)
+        or isinstance(token_ids, keras.KerasTensor)
+        or _validation.in_ids_checked()
+    ) and get_backend_module().is_concrete(token_ids):
+        model.check_token_ids(token_ids, "token_ids")
+    if cache is None:
+        return token_ids
+    layers = model.num_layers
+    expected = (
+        f"a list of {2 * layers} state tensors (`h` and `c` of each of the "
+        f"{layers} layers, each (batch, {model.units}))"
+    )
+    if not isinstance(cache, (list, tuple)):
+        received = _static_shape(cache)
+        what = (
+            f"one tensor of shape {received}" if received is not None
+            else type(cache).__name__
+        )
+        raise ValueError(f"Expected `cache` to be {expected}. Received: {what}")
+    if len(cache) != 2 * layers:
+        raise ValueError(
+            f"Expected `cache` to be {expected}. Received: a list of "
+            f"{len(cache)} entries"
+        )
+    rows = shape[0] if shape is not None else None
+    for index, state in enumerate(cache):
+        name = f"cache[{index}]"
+        state_shape = _static_shape(state)
+        if state_shape is None or not hasattr(state, "dtype"):
+            if state_shape is None and hasattr(state, "dtype"):
+                continue  # TensorFlow, traced with an unknown rank
+            raise ValueError(
+                f"Expected `{name}` to be a tensor of shape (batch, "
+                f"{model.units}). Received: {type(state).__name__}"
+            )
+        bad_rows = (
+            isinstance(rows, int) and isinstance(state_shape[0], int)
+            and state_shape[0] != rows
+        ) if len(state_shape) == 2 else False
+        if (
+            len(state_shape) != 2
+            or (isinstance(state_shape[1], int) and state_shape[1] != model.units)
+            or bad_rows
+        ):
+            batch = rows if isinstance(rows, int) else "batch"
+            raise ValueError(
+                f"Expected `{name}` to have shape ({batch}, {model.units}) "
+                f"(one row per row of `token_ids`, the width of the "
+                f"model's recurrent layers). Received: {name}.shape="
+                f"{state_shape}"
+            )
+        if "float" not in _dtype_name(state):
+            raise ValueError(
+                f"Expected `{name}` to be a floating-point tensor. Received: "
+                f"{name}.dtype={_dtype_name(state)}"
+            )
+    return token_ids

@@ -11,6 +11,7 @@ from keras_mogrifier.layers.language_model_head import DEFAULT_CHUNK_SIZE
 from keras_mogrifier.layers.language_model_head import LanguageModelHead
 from keras_mogrifier.layers.mixture_of_softmaxes import check_components
 from keras_mogrifier.models import _composition
+from keras_mogrifier.models import _input_checks
 from keras_mogrifier.models._config import WITH_OPTIONS  # noqa: F401
 from keras_mogrifier.models._config import ConfigMixin
 from keras_mogrifier.models._config import as_vocabulary
@@ -499,6 +500,20 @@ class LanguageModel(
             softmax_width)` (keras-hub's "hidden states") and the state after
             the last token.
 
+        Raises:
+            ValueError: before anything runs, for ids that are not an integer
+                `(batch, time)` array, ids outside `[0, vocabulary_size)`,
+                and a cache that is not a list of `2 · num_layers` floating
+                tensors `(batch, units)` with the rows of the ids. The
+                checks of `model(ids)`, with one difference: the ids'
+                values are read only where they are concrete (host arrays,
+                eager tensors: every call on PyTorch, TensorFlow outside a
+                `tf.function`, JAX outside `jax.jit`). Inside a compiled
+                loop (keras-hub's sampler on JAX runs a traced
+                `lax.while_loop`) only their dtype and shape, and the cache,
+                are checked: check the prompts before the loop with
+                `model.check_token_ids(prompts)`.
+
         Example:
 
         >>> import numpy as np
@@ -509,6 +524,7 @@ class LanguageModel(
         ((2, 1, 20), 2)
         """
         del cache_update_index
+        token_ids = _input_checks.check_cache_call(self, token_ids, cache)
         if not self.built:
             self.build((ops.shape(token_ids)[0] if self.stateful else None, None))
         x, embedded, cache = self.backbone.call_with_state(token_ids, cache)
