@@ -1,4 +1,4 @@
-"""A sweep of bad inputs to the APIs of issue 26: none may lose state or pass silently.
+"""A sweep of bad inputs to the public APIs: none may lose state, pass silently or fail inside a framework.
 
 Each case calls one public API with one bad input (or one input that used
 to lose something) on the active backend and records what happened:
@@ -47,6 +47,7 @@ from keras_mogrifier.models import LanguageModel  # noqa: E402
 V = 12
 WORDS = Vocabulary(["the", "<eos>", "a", "cat", "dog", "sat", "ran", "on", "mat", "<unk>",
                     "big", "red"])
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 SEVERITY = {"ok": 0, "wrong error": 2, "silent": 3, "lost state": 4}
 
 
@@ -288,7 +289,150 @@ def run():
     sweep.case("Perplexity", "NaN sample weight",
                lambda: Perplexity().update_state(np.array([[1, 2]]), np.zeros((1, 2, V)),
                                                  sample_weight=np.array([[1.0, np.nan]])))
+    _round_four(sweep)
     return sweep.rows
+
+
+def _round_four(sweep):
+    """Issue 42: `call_with_cache` and keras-hub's sampler route, and the
+    entry points of the training-loop and house issues (fit across epochs,
+    `TrainingCheckpoint`, `compile(sampler=)`, `generate`'s keras-hub
+    arguments, `score`)."""
+    ops = keras.ops
+    model = _model()
+    ids = np.array([[1, 2], [3, 4], [5, 6]], "int32")
+    _, _, cache = model.call_with_cache(ids)
+
+    def column(value, dtype="int32"):
+        return ops.convert_to_tensor(np.full((3, 1), value, dtype))
+
+    for what, call in [
+        ("cache: one array (stacked h, c)", lambda: model.call_with_cache(column(1), ops.stack(cache))),
+        ("cache: one (rows, units) array", lambda: model.call_with_cache(
+            column(1)[:2], ops.convert_to_numpy(cache[0])[:2])),
+        ("cache: 3 entries for 1 layer", lambda: model.call_with_cache(column(1), list(cache) + [cache[0]])),
+        ("cache: wrong width", lambda: model.call_with_cache(column(1), [c[:, :4] for c in cache])),
+        ("cache: 3 rows for 2 rows of ids", lambda: model.call_with_cache(column(1)[:2], cache)),
+        ("cache: int32", lambda: model.call_with_cache(column(1), [ops.cast(c, "int32") for c in cache])),
+        ("ids: id V (tensor)", lambda: model.call_with_cache(column(V), cache)),
+        ("ids: id V (list), no cache", lambda: model.call_with_cache([[V], [1], [1]])),
+        ("ids: id -1", lambda: model.call_with_cache(column(-1), cache)),
+        ("ids: float 1.5", lambda: model.call_with_cache(column(1.5, "float32"), cache)),
+        ("ids: 1-D", lambda: model.call_with_cache(np.array([1, 2, 3], "int32"), cache)),
+    ]:
+        sweep.case("LanguageModel.call_with_cache", what, call, model=model)
+
+    # keras-hub's samplers drive the model through `call_with_cache`
+    # (docs/generation.md, "keras-hub's samplers"). On JAX their loop is a
+    # traced `lax.while_loop`: the ids read inside it are checked by the
+    # documented `model.check_token_ids(padded_prompts)` before the loop,
+    # so the route without that line is swept on TensorFlow and PyTorch only.
+    try:
+        import keras_hub
+    except ImportError:  # the optional extra
+        keras_hub = None
+    if keras_hub is not None:
+        def keras_hub_route(prompts, cache, check_prompts=True):
+            padded = np.zeros((3, 5), "int32")
+            padded[:, : prompts.shape[1]] = prompts
+            mask = np.zeros((3, 5), bool)
+            mask[:, : prompts.shape[1]] = True
+            if check_prompts:
+                model.check_token_ids(padded, "padded_prompts")
+
+            def next(prompt, cache, index):
+                tokens = ops.slice(prompt, [0, index - 1], [ops.shape(prompt)[0], 1])
+                logits, hidden, cache = model.call_with_cache(tokens, cache, index - 1)
+                return logits[:, 0], hidden[:, 0], cache
+
+            return keras_hub.samplers.GreedySampler()(
+                next, ops.convert_to_tensor(padded), cache=cache, index=prompts.shape[1],
+                mask=ops.convert_to_tensor(mask), model=model)
+
+        seed_cache = model.call_with_cache(ids[:, :1])[2]
+        bad_prompt = ids.copy()
+        bad_prompt[0, -1] = V
+        route = "keras_hub sampler → call_with_cache"
+        sweep.case(route, "cache of the wrong width",
+                   lambda: keras_hub_route(ids, [c[:, :4] for c in seed_cache]), model=model)
+        sweep.case(route, "cache as one array",
+                   lambda: keras_hub_route(ids, ops.stack(seed_cache)), model=model)
+        sweep.case(route, "prompt id V (documented recipe)",
+                   lambda: keras_hub_route(bad_prompt, seed_cache), model=model)
+        if keras.backend.backend() != "jax":
+            sweep.case(route, "prompt id V read inside the loop (no prompt check)",
+                       lambda: keras_hub_route(bad_prompt, seed_cache, check_prompts=False),
+                       model=model)
+
+    # --- compile(sampler=), generate's keras-hub arguments, score ---
+    compiled = _model()
+    sweep.case("LanguageModel.compile", "sampler='topk' (unknown name)",
+               lambda: compiled.compile(optimizer="adam", sampler="topk"), model=compiled)
+    sweep.case("LanguageModel.compile", "sampler=3",
+               lambda: compiled.compile(optimizer="adam", sampler=3), model=compiled)
+    sweep.case("LanguageModel.compile", "refused sampler leaves no optimizer",
+               lambda: getattr(compiled, "optimizer", None), None, model=compiled,
+               check=lambda r, w: r is None)
+    prompts = [[2, 3], [4], [5, 6]]
+    sweep.case("LanguageModel.generate", "max_length=None: longest prompt + 100",
+               lambda: model.generate(prompts, stop_token_ids=None), None, model=model,
+               check=lambda r, w: [len(x) for x in r] == [102, 102, 102])
+    sweep.case("LanguageModel.generate", "strip_prompt='yes'",
+               lambda: model.generate(prompts, max_length=5, strip_prompt="yes"), model=model)
+    sweep.case("LanguageModel.generate", "max_length equal to the longest prompt",
+               lambda: model.generate(prompts, max_length=2), model=model)
+    sweep.case("LanguageModel.generate", "prompt id V",
+               lambda: model.generate([[2, V]], max_length=5), model=model)
+    sweep.case("LanguageModel.generate", "float prompt ids",
+               lambda: model.generate(np.array([[2.0, 3.5]]), max_length=5), model=model)
+    sweep.case("LanguageModel.score", "text with id V",
+               lambda: model.score([[1, 2, V]]), model=model)
+    sweep.case("LanguageModel.score", "no texts",
+               lambda: model.score([]), model=model)
+    sweep.case("LanguageModel.score", "a one-token text (nothing to score)",
+               lambda: model.score([[3]]), model=model)
+
+    # --- fit across epochs and TrainingCheckpoint (the training-loop issue) ---
+    from keras_mogrifier.callbacks import TrainingCheckpoint
+    from keras_mogrifier.data import StreamDataset
+
+    text = np.random.default_rng(2).integers(0, V, 400)
+    trained = _model()
+    trained.compile(optimizer="adam", loss=LOSS)
+    data = StreamDataset(text, 3, 5)
+    sweep.case("LanguageModel.fit", "reset_state_each_epoch='yes'",
+               lambda: trained.fit(data, epochs=1, verbose=0, reset_state_each_epoch="yes"),
+               model=trained)
+    sweep.case("StreamDataset.continued", "start_window=-1",
+               lambda: data.continued(start_window=-1))
+    sweep.case("StreamDataset.continued", "an evaluation dataset (drop_remainder=False)",
+               lambda: StreamDataset(text, 3, 5, drop_remainder=False).continued())
+    sweep.case("TrainingCheckpoint", "save_every_steps=0",
+               lambda: TrainingCheckpoint("ckpt", save_every_steps=0))
+    sweep.case("TrainingCheckpoint", "resume='yes'",
+               lambda: TrainingCheckpoint("ckpt", resume="yes"))
+    sweep.case("TrainingCheckpoint", "config not JSON-serializable",
+               lambda: TrainingCheckpoint("ckpt", config={"f": object()}))
+    with tempfile.TemporaryDirectory() as directory:
+        sweep.case("LanguageModel.fit", "two TrainingCheckpoints",
+                   lambda: trained.fit(data, epochs=1, verbose=0, callbacks=[
+                       TrainingCheckpoint(os.path.join(directory, "a")),
+                       TrainingCheckpoint(os.path.join(directory, "b"))]),
+                   model=trained)
+        other = LanguageModel(V, units=6, num_layers=1, cell="lstm", batch_size=3,
+                              vocabulary=WORDS)
+        other.build((3, None))
+        other.compile(optimizer="adam", loss=LOSS)
+        saved_at = os.path.join(directory, "other")
+        other.fit(data, epochs=1, verbose=0, callbacks=[TrainingCheckpoint(saved_at)])
+        sweep.case("LanguageModel.fit", "resume=True from another model's checkpoint",
+                   lambda: trained.fit(data, epochs=2, verbose=0, callbacks=[
+                       TrainingCheckpoint(saved_at, resume=True)]),
+                   model=trained)
+        sweep.case("LanguageModel.fit", "resume=True, another batch size",
+                   lambda: other.fit(StreamDataset(text, 2, 5), epochs=2, verbose=0,
+                                     callbacks=[TrainingCheckpoint(saved_at, resume=True)]),
+                   model=other)
 
 
 def main():
@@ -301,15 +445,18 @@ def main():
         print(f"{(r['api'] + ' | ' + r['input']):<{width}} {r['outcome']:<11} {r['detail'][:90]}")
     worst = max(r["severity"] for r in rows)
     bad = [r for r in rows if r["severity"] >= 3]
+    not_ok = [r for r in rows if r["severity"] >= 2]
     print(f"{len(rows)} cases on {keras.backend.backend()}: {len(bad)} lose state or pass "
-          f"silently (severity ≥ 3); worst severity {worst}")
+          f"silently (severity ≥ 3), {len(not_ok) - len(bad)} answer with an internal "
+          f"error; worst severity {worst}")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"command": "KERAS_BACKEND=" + keras.backend.backend()
                        + " python benchmarks/bad_input_sweep.py --json " + args.json,
                        "backend": keras.backend.backend(), "cases": len(rows),
-                       "severity_3_or_more": len(bad), "rows": rows}, f, indent=2)
+                       "severity_3_or_more": len(bad),
+                       "internal_errors": len(not_ok) - len(bad), "rows": rows}, f, indent=2)
     return rows
 
 

@@ -254,6 +254,7 @@ class EntryPointsMixin:
                 "Expected token ids of shape (batch, time). "
                 f"Received: inputs.shape={shape}"
             )
+        _input_checks.check_not_empty(shape, "inputs")
         rows = shape[0] if isinstance(shape[0], int) else None
         _input_checks.check_rows(self, rows, training, f"inputs.shape={shape}")
         if isinstance(inputs, keras.KerasTensor) or _validation.in_ids_checked():

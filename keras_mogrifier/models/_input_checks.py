@@ -41,6 +41,15 @@ def max_rows(model, training):
     return capacity // model.samples if training else capacity
 
 
+def check_not_empty(shape, name):
+    """Refuses ids with no row or no token (a static 0 in their shape)."""
+    if any(isinstance(size, int) and size == 0 for size in shape):
+        raise ValueError(
+            f"Expected `{name}` to hold at least one sequence of at least one "
+            f"token. Received: {name}.shape={tuple(shape)}"
+        )
+
+
 def check_rows(model, rows, training, received):
     limit = max_rows(model, training)
     if limit is not None and rows is not None and rows > limit:
@@ -295,6 +304,8 @@ def check_cache_call(model, token_ids, cache):
             "Expected `token_ids` to be token ids of shape (batch, time). "
             f"Received: token_ids.shape={shape}"
         )
+    if shape is not None:
+        check_not_empty(shape, "token_ids")
     dtype = _dtype_name(token_ids)
     if dtype == "bool" or not ("int" in dtype):
         raise ValueError(
