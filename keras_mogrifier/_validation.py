@@ -188,12 +188,18 @@ def token_ids(name, ids, vocabulary_size, ndim=None, where=None):
     except Exception as error:  # ragged lists, objects NumPy cannot read
         raise ValueError(
             f"Expected `{name}`{at} to be an array of integer token ids. "
-            f"Received: {type(ids).__name__}"
+            f"Received: {type(ids).__name__}, which is not one ({str(error)[:120]})"
         ) from error
     if array.dtype == bool or not np.issubdtype(array.dtype, np.integer):
+        first = ""
+        if array.size:  # every value is of the wrong kind: show the first
+            position = (0,) * array.ndim
+            value = array.reshape(-1)[0]
+            value = value.item() if isinstance(value, np.generic) else value
+            first = f", e.g. {repr(value)[:40]} at position {position}"
         raise ValueError(
             f"Expected `{name}`{at} to hold integer token ids. "
-            f"Received: {name}.dtype={array.dtype}"
+            f"Received: {name}.dtype={array.dtype}{first}"
         )
     if ndim is not None:
         ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)

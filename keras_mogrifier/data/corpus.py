@@ -142,8 +142,11 @@ class Corpus:
                 one a model was trained with). Defaults to `None`.
             min_count: int. Defaults to 1 (keep every token).
             max_size: int or `None`. Defaults to `None` (no limit).
-            tokenizer: callable or `None`. Word level: a line → its tokens.
-                Defaults to `None` (whitespace).
+            tokenizer: callable or `None`. Word level: a line → its tokens,
+                an iterable of non-empty str, as for `load_text` (what it
+                raises or returns otherwise is a `ValueError` naming it, the
+                file or split, and the line). Defaults to `None`
+                (whitespace).
             eos_token: str. Defaults to `"<eos>"`.
             unk_token: str. Defaults to `"<unk>"`.
             source: str. Stored as `Corpus.source`. Defaults to `"memory"`.
@@ -152,8 +155,17 @@ class Corpus:
 
         Returns:
             A `Corpus`.
+
+        Raises:
+            ValueError: a split without any token; a token a given
+                `vocabulary` lacks when it has no `unk_token`; the
+                `tokenizer` raises or returns something other than an
+                iterable of non-empty strings; at char level, a lone
+                surrogate (half of a UTF-16 pair: no character) in a text.
         """
-        table, codes = _codes_of(texts, level, vocabulary, min_count, max_size, tokenizer, eos_token)
+        table, codes = _codes_of(
+            texts, level, vocabulary, min_count, max_size, tokenizer, eos_token, paths
+        )
         return cls._from_codes(
             table, codes, vocabulary, min_count, max_size, unk_token, source, paths,
             empty={split: "no text" for split in texts},
@@ -217,7 +229,8 @@ class Corpus:
             ValueError: a file is empty or has no token, cannot be decoded
                 in `encoding` (the message suggests `encoding=` or
                 `level="byte"`), or holds a token a given vocabulary lacks
-                when it has no `unk_token`.
+                when it has no `unk_token`; the `tokenizer` fails on a line
+                (the message names it, the file and the line).
         """
         reader.check_level(level)
         check_reading_options(level, min_count, max_size, tokenizer)
@@ -232,7 +245,9 @@ class Corpus:
             data = reader.read_bytes(path)
             texts[split] = data if level == "byte" else reader.decode_text(data, path, encoding)
             del data
-        table, codes = _codes_of(texts, level, vocabulary, min_count, max_size, tokenizer, eos_token)
+        table, codes = _codes_of(
+            texts, level, vocabulary, min_count, max_size, tokenizer, eos_token, paths
+        )
         empty = {split: "an empty file" for split, text in texts.items() if len(text) == 0}
         del texts
         return cls._from_codes(
@@ -289,8 +304,11 @@ class Corpus:
         )
 
 
-def _codes_of(texts, level, vocabulary, min_count, max_size, tokenizer, eos_token):
-    """Checks the reading arguments; the symbol table and codes of each text."""
+def _codes_of(texts, level, vocabulary, min_count, max_size, tokenizer, eos_token, paths=None):
+    """Checks the reading arguments; the symbol table and codes of each text.
+
+    `paths` (split → file) name the text in a tokenizer's errors.
+    """
     reader.check_level(level)
     if not isinstance(texts, dict) or not texts:
         raise ValueError(
@@ -315,7 +333,10 @@ def _codes_of(texts, level, vocabulary, min_count, max_size, tokenizer, eos_toke
             )
         if level == "byte" and isinstance(text, str):
             text = text.encode("utf-8")
-        codes[split] = table.codes(text)
+        path = (paths or {}).get(split)
+        is_path = isinstance(path, (str, os.PathLike))
+        where = repr(os.fspath(path)) if is_path else f"the {split!r} split"
+        codes[split] = table.codes(text, where)
     return table, codes
 
 

@@ -67,9 +67,10 @@ def load_text(
         max_size: int or `None`. Keep at most this many tokens (the most
             frequent), besides `<eos>` and `<unk>`. Defaults to `None`.
         tokenizer: callable or `None`. Word level only: a line (str, without
-            its newline) → its tokens (list of non-empty str). Kept on the
-            vocabulary for `encode` (not saved with a model). Defaults to
-            `None` (`str.split`).
+            its newline) → its tokens: an iterable of non-empty str (a
+            list, a tuple, a generator; not a str, whose characters would
+            be taken for tokens). Kept on the vocabulary for `encode` (not
+            saved with a model). Defaults to `None` (`str.split`).
         valid_fraction: float in [0, 1). One file only: the share of the
             tokens for validation. Defaults to 0.05.
         test_fraction: float in [0, 1). One file only: the share for test.
@@ -87,9 +88,12 @@ def load_text(
             holds none of the usual names (the message lists them).
         ValueError: naming the file: it is empty or holds no token; it is
             not text in `encoding` (the message suggests `encoding=` or
-            `level="byte"`); a fraction leaves its split without a line; an
-            unknown `level`; a bad `min_count`, `max_size`, `tokenizer` or
-            fraction.
+            `level="byte"`); a fraction leaves its split without a line; the
+            `tokenizer` raises (its exception chained) or returns something
+            other than an iterable of non-empty strings for a line (the
+            message names the tokenizer, the file and the line number). Or
+            an unknown `level`; a bad `min_count`, `max_size`, `tokenizer`
+            or fraction.
 
     Example:
 
@@ -186,7 +190,7 @@ def _load_one_file(path, level, valid_fraction, test_fraction, options):
     text = data if level == "byte" else reader.decode_text(data, path, options["encoding"])
     del data
     table = reader.SymbolTable(level, options["tokenizer"], EOS_TOKEN)
-    codes = table.codes(text)
+    codes = table.codes(text, repr(path))
     del text
     if not np.any(codes != table.eos_code):
         lines = int(np.count_nonzero(codes == table.eos_code))

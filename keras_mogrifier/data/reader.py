@@ -30,6 +30,7 @@ import zlib
 import numpy as np
 
 from keras_mogrifier._validation import one_of
+from keras_mogrifier.data import vocabulary as vocabulary_lib
 from keras_mogrifier.data.vocabulary import BYTE_EOS_ID
 from keras_mogrifier.data.vocabulary import EOS_TOKEN
 from keras_mogrifier.data.vocabulary import UNK_TOKEN
@@ -43,6 +44,7 @@ _WORD_CHUNK_CHARACTERS = 4_000_000
 # pattern is `str.isspace`).
 _SPACES = re.compile(r"[^\S\n]+")
 _SPACES_AT_LINE_ENDS = re.compile(r" ?\n ?")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def check_level(level):
@@ -162,44 +164,82 @@ class SymbolTable:
             self._list = list(self.words)
         return self._list
 
-    def codes(self, source):
-        """The int32 codes of `source`: bytes (byte level) or text."""
+    def codes(self, source, where=None):
+        """The int32 codes of `source`: bytes (byte level) or text.
+
+        `where` names the text (a file, a split) in the errors of a
+        tokenizer, with the line.
+        """
         if self.level == "byte":
             codes = np.frombuffer(source, np.uint8).astype(np.int32)
             codes[codes == _NEWLINE] = BYTE_EOS_ID
             return codes
         if self.level == "char":
-            return _char_codes(source)
-        return self._word_codes(source)
+            return _char_codes(source, where or "the text")
+        return self._word_codes(source, where or "the text")
 
-    def _word_codes(self, text):
+    def _word_codes(self, text, where):
         # A chunk of whole lines at a time: the token list of one chunk is
         # the only Python list, and everything per token runs in C (split,
-        # set difference, dict lookups through `map`).
+        # set difference, dict lookups through `map`). A tokenizer's result
+        # is checked per line (an iterable, not a string), its strings per
+        # chunk (only the new ones, unless one is bad).
         eos = self.eos_token
         words = self.words
         plain = self.tokenizer is None and len(eos.split()) == 1
+        tokenize = self.tokenizer or str.split
         chunks = []
+        first_line = 1
         for chunk in _line_chunks(text, _WORD_CHUNK_CHARACTERS):
+            ends = []  # token count after each line of the chunk, its <eos> included
             if plain:
                 tokens = chunk.replace("\n", f" {eos} ").split()
             else:
                 tokens = []
-                tokenize = self.tokenizer or str.split
-                for line in chunk.split("\n")[:-1]:
-                    tokens.extend(tokenize(line))
+                for number, line in enumerate(chunk.split("\n")[:-1], first_line):
+                    # `vocabulary_lib.call_tokenizer`, written out: one call
+                    # less per line on the usual path (a list).
+                    # (A bad string on an earlier line is the first error.)
+                    try:
+                        line_tokens = tokenize(line)
+                    except Exception as error:
+                        self._check_tokens(tokens, ends, first_line, where)
+                        raise vocabulary_lib.tokenizer_error(
+                            tokenize, line, number, where, error
+                        ) from error
+                    if line_tokens.__class__ is not list:
+                        try:
+                            line_tokens = vocabulary_lib.token_list(
+                                line_tokens, tokenize, line, number, where
+                            )
+                        except ValueError:
+                            self._check_tokens(tokens, ends, first_line, where)
+                            raise
+                    tokens += line_tokens
                     tokens.append(eos)
+                    ends.append(len(tokens))
             try:
                 new = set(tokens).difference(words)
             except TypeError:  # an unhashable token from a tokenizer
-                new = [t for t in tokens if not isinstance(t, str)][:1]
-            for token in sorted(new, key=str):
-                _check_word(token, self.tokenizer)
+                new = None
+            if new is None or vocabulary_lib.first_bad_token(new) is not None:
+                self._check_tokens(tokens, ends, first_line, where)
+            for token in sorted(new):
                 words[token] = len(words)
             chunks.append(
                 np.fromiter(map(words.__getitem__, tokens), np.int32, len(tokens))
             )
+            first_line += len(ends)
         return np.concatenate(chunks) if chunks else np.zeros(0, np.int32)
+
+    def _check_tokens(self, tokens, ends, first_line, where):
+        """A ValueError naming the line of the first token that is not a non-empty str."""
+        position = vocabulary_lib.first_bad_token(tokens)
+        if position is not None:
+            line = first_line + bisect.bisect_right(ends, position)
+            raise vocabulary_lib.bad_token_error(
+                self.tokenizer, tokens[position], line, where
+            )
 
 
 def _line_chunks(text, size):
@@ -213,14 +253,6 @@ def _line_chunks(text, size):
         start = end
 
 
-def _check_word(token, tokenizer):
-    if not isinstance(token, str) or not token:
-        raise ValueError(
-            "Expected the tokenizer to return non-empty strings. Received: "
-            f"{token!r} from {getattr(tokenizer, '__name__', tokenizer)!r}"
-        )
-
-
 def code_points(text):
     """The code points of `text` as int32, through bytes (no object per character)."""
     if text.isascii():
@@ -228,17 +260,28 @@ def code_points(text):
     return np.frombuffer(text.encode("utf-32-le"), np.uint32).astype(np.int32)
 
 
-def _char_codes(text):
+def _char_codes(text, where):
     """Code points of the char-level text: words re-joined by single spaces."""
+    original = text
+    if text and not text.endswith("\n"):
+        # A last line without "\n" still ends with <eos>, even a blank one:
+        # added before the spaces go, which would take the line with them.
+        text += "\n"
     text = _SPACES.sub(" ", text)
     text = _SPACES_AT_LINE_ENDS.sub("\n", text)
     if text.startswith(" "):
         text = text[1:]
-    if text.endswith(" "):
-        text = text[:-1]
-    if text and not text.endswith("\n"):
-        text += "\n"  # a last line without "\n" still ends with <eos>
-    return code_points(text)
+    try:
+        return code_points(text)
+    except UnicodeEncodeError:
+        # Only a lone surrogate (half of a UTF-16 pair) has no code in UTF-32.
+        position = _SURROGATE.search(original).start()
+        line = original.count("\n", 0, position) + 1
+        raise ValueError(
+            f"Expected {where} to be text of whole characters. Received: a "
+            f"lone surrogate {original[position]!r} (half of a UTF-16 pair, "
+            f"which no encoding writes) at character {position}, line {line}"
+        ) from None
 
 
 def tokenize_line(line, level="word"):

@@ -2,10 +2,13 @@
 
 import codecs
 import collections
+import collections.abc
 import json
 import os
 
 import numpy as np
+
+from keras_mogrifier import _validation
 
 EOS_TOKEN = "<eos>"
 UNK_TOKEN = "<unk>"
@@ -35,6 +38,90 @@ def infer_level(tokens):
     if tokens[:256] == BYTE_TOKENS and len(tokens) == 257:
         return "byte"
     return "char" if " " in tokens else "word"
+
+
+# === Tokenizers ===
+#
+# A tokenizer is the user's code, called once per line: what it returns,
+# or raises, is reported with the tokenizer's name and the line it was
+# given (the readers check each line's result; the strings in it a chunk of
+# lines at a time).
+
+
+def tokenizer_name(tokenizer):
+    """How an error message names a tokenizer: its qualified name, else its type."""
+    name = getattr(tokenizer, "__qualname__", None) or getattr(tokenizer, "__name__", None)
+    return name if isinstance(name, str) else type(tokenizer).__name__
+
+
+def _expected_tokens(tokenizer, number, where):
+    return (
+        f"Expected `tokenizer` ({tokenizer_name(tokenizer)}) to return an "
+        f"iterable of non-empty strings (e.g. a list) for line {number} of {where}"
+    )
+
+
+def call_tokenizer(tokenizer, line, number, where):
+    """`tokenizer(line)` as a list, or a `ValueError` naming the tokenizer,
+    the line's `number` and `where` it comes from (a file, a split).
+
+    The tokenizer may return a list, a tuple, a generator: any iterable but
+    a string or bytes (a string given back is almost always a mistake, such
+    as `str.lower`). An exception it raises is chained (`from`). The
+    strings in the result are checked apart (`first_bad_token`): the
+    readers check them for a chunk of lines at once.
+    """
+    try:
+        tokens = tokenizer(line)
+    except Exception as error:
+        raise tokenizer_error(tokenizer, line, number, where, error) from error
+    return token_list(tokens, tokenizer, line, number, where)
+
+
+def token_list(tokens, tokenizer, line, number, where):
+    """What `tokenizer` returned for `line`, as a list (see `call_tokenizer`)."""
+    if isinstance(tokens, list):
+        return tokens
+    if (
+        tokens is None
+        or isinstance(tokens, (str, bytes, bytearray))
+        or not isinstance(tokens, collections.abc.Iterable)
+    ):
+        raise ValueError(
+            f"{_expected_tokens(tokenizer, number, where)}. Received: "
+            f"{type(tokens).__name__} {_short(tokens)} (the line: {line[:80]!r})"
+        )
+    try:
+        return list(tokens)
+    except Exception as error:  # a generator that raises
+        raise tokenizer_error(tokenizer, line, number, where, error) from error
+
+
+def tokenizer_error(tokenizer, line, number, where, error):
+    """The `ValueError` for an exception raised by `tokenizer` (to chain it to)."""
+    return ValueError(
+        f"{_expected_tokens(tokenizer, number, where)}. Received: "
+        f"{type(error).__name__}: {error} (the line: {line[:80]!r})"
+    )
+
+
+def first_bad_token(tokens):
+    """The position of the first token that is not a non-empty str, or `None`."""
+    return next(
+        (i for i, t in enumerate(tokens) if not isinstance(t, str) or not t), None
+    )
+
+
+def bad_token_error(tokenizer, token, number, where):
+    return ValueError(
+        f"{_expected_tokens(tokenizer, number, where)}. Received: {_short(token)} "
+        f"({type(token).__name__}) among its tokens"
+    )
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_token_name(name, value):
@@ -80,7 +167,8 @@ class Vocabulary:
             `encode` turns a string into bytes and `decode` bytes into a
             string). Defaults to `"utf-8"`.
         tokenizer: callable or `None`. Word level: how `encode` splits a
-            line into tokens (the one the corpus was read with). It is not
+            line into tokens (the one the corpus was read with): a line →
+            an iterable of non-empty str, as for `load_text`. It is not
             saved: a reloaded vocabulary splits on whitespace unless given
             one again (`vocabulary.tokenizer = fn`). Defaults to `None`
             (whitespace).
@@ -334,27 +422,35 @@ class Vocabulary:
         """Maps ids back to tokens.
 
         Args:
-            ids: iterable of int in `[0, len(self))`.
+            ids: ids in `[0, len(self))` of an integer dtype (not bool), of
+                any shape (read in row-major order): a NumPy array, a
+                tensor, a list or any iterable of int. An empty list or
+                tuple is no ids.
 
         Returns:
             A list of str.
+
+        Raises:
+            ValueError: `ids` is not integer ids (strings, floats, bools,
+                `None`, ragged lists: the message gives the dtype and the
+                first value), or an id is out of range (the message gives
+                the first one and its position).
         """
         ids = self._check_ids(ids)
         tokens = self._tokens
         return [tokens[i] for i in ids.reshape(-1).tolist()]
 
     def _check_ids(self, ids):
-        ids = np.asarray(ids)
-        if ids.size and (
-            not np.issubdtype(ids.dtype, np.integer)
-            or ids.min() < 0
-            or ids.max() >= len(self)
-        ):
+        if ids is None or isinstance(ids, (str, bytes, bytearray)):
             raise ValueError(
-                f"Expected integer ids in [0, {len(self)}). Received ids with "
-                f"dtype {ids.dtype}, min {ids.min()!r} and max {ids.max()!r}"
+                f"Expected `ids` to be an array of integer token ids in [0, "
+                f"{len(self)}) (`encode` reads text). Received: ids={_short(ids)}"
             )
-        return ids
+        if isinstance(ids, collections.abc.Iterator):
+            ids = list(ids)
+        if isinstance(ids, (list, tuple)) and not ids:
+            return np.zeros(0, np.int32)  # not NumPy's float64 of an empty list
+        return _validation.token_ids("ids", ids, len(self))
 
     # === Text ===
 
@@ -378,31 +474,60 @@ class Vocabulary:
 
         Returns:
             An int32 NumPy array.
+
+        Raises:
+            ValueError: `text` is not a string (or bytes at byte level); a
+                token the vocabulary lacks when it has no `<unk>`; at byte
+                level, a character `encoding` cannot write (the first, with
+                its position); the tokenizer raises or returns something
+                other than an iterable of non-empty strings (the message
+                names it and the line, as `load_text`'s does).
         """
         if self.level == "byte":
             if isinstance(text, str):
-                data = text.encode(self.encoding)
+                data = self._text_bytes(text, where)
             elif isinstance(text, (bytes, bytearray)):
                 data = bytes(text)
             else:
                 raise ValueError(
-                    f"Expected a string or bytes to encode. Received: {type(text).__name__}"
+                    "Expected `text` to be a string or bytes. Received: "
+                    f"text of type {type(text).__name__}"
                 )
             ids = np.frombuffer(data, np.uint8).astype(np.int32)
             ids[ids == _NEWLINE] = BYTE_EOS_ID
             return ids
         if not isinstance(text, str):
-            raise ValueError(f"Expected a string to encode. Received: {type(text).__name__}")
-        tokenize = self.tokenizer or str.split
+            raise ValueError(
+                f"Expected `text` to be a string. Received: text of type {type(text).__name__}"
+            )
         tokens = []
         for i, line in enumerate(text.split("\n")):
             if i:
                 tokens.append(self.eos_token)
-            if self.level == "word":
-                tokens.extend(tokenize(line))
-            else:
+            if self.level == "char":
                 tokens.extend(" ".join(line.split()))
+            elif self.tokenizer is None:
+                tokens.extend(line.split())
+            else:
+                line_tokens = call_tokenizer(self.tokenizer, line, i + 1, where or "the text")
+                bad = first_bad_token(line_tokens)
+                if bad is not None:
+                    raise bad_token_error(
+                        self.tokenizer, line_tokens[bad], i + 1, where or "the text"
+                    )
+                tokens.extend(line_tokens)
         return self.to_ids(tokens, where=where)
+
+    def _text_bytes(self, text, where):
+        try:
+            return text.encode(self.encoding)
+        except UnicodeEncodeError as error:
+            at = f" ({where})" if where else ""
+            raise ValueError(
+                f"Expected `text`{at} to be text the vocabulary's encoding "
+                f"{self.encoding!r} can write. Received: {text[error.start]!r} "
+                f"at position {error.start} ({error.reason})"
+            ) from None
 
     def decode(self, ids):
         """The text of `ids`: the inverse of `encode`.
@@ -416,10 +541,17 @@ class Vocabulary:
         they read it (single spaces, no spaces at line ends).
 
         Args:
-            ids: iterable of int in `[0, len(self))`.
+            ids: ids in `[0, len(self))`, as for `to_tokens`.
 
         Returns:
             A str.
+
+        Raises:
+            ValueError: as `to_tokens`: what was expected, what was
+                received, and the first id (and its position) it could not
+                take, e.g. for `decode(["the", "cat"])`: "Expected `ids` to
+                hold integer token ids. Received: ids.dtype=<U3, e.g.
+                'the' at position (0,)".
         """
         if self.level == "byte":
             values = np.asarray(self._check_ids(ids)).reshape(-1).astype(np.int64)

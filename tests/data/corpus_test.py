@@ -184,3 +184,10 @@ def test_unreadable_files_are_named(tmp_path):
     (tmp_path / "ptb.test.txt.gz").write_bytes(whole[: len(whole) // 2])
     with pytest.raises(ValueError, match=r"ptb\.test\.txt\.gz.*truncated or corrupt"):
         load_corpus(tmp_path)
+
+
+def test_a_lone_surrogate_at_char_level_is_a_value_error_naming_the_split_and_line():
+    # Half of a UTF-16 pair is no character (no encoding writes it); only
+    # text in memory can hold one.
+    with pytest.raises(ValueError, match=r"'train' split.*lone surrogate '\\ud800'.*character 3, line 2"):
+        Corpus.from_texts({"train": "ab\n\ud800"}, "char")

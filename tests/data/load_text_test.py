@@ -8,6 +8,7 @@ import pytest
 
 from keras_mogrifier.data import Vocabulary
 from keras_mogrifier.data import load_text
+from keras_mogrifier.data import reader
 
 # NumPy and Python only: the outcome is the same on every backend.
 pytestmark = pytest.mark.once_per_suite
@@ -152,6 +153,83 @@ def test_tokenizer_hook(tmp_path):
         load_text(path, tokenizer="split")
     with pytest.raises(ValueError, match="non-empty strings"):
         load_text(path, tokenizer=lambda line: line.split("a"))
+    # Any iterable of strings will do, a generator too.
+    generated = load_text(path, tokenizer=lambda line: (t for t in line.lower().split(",")))
+    assert generated.vocabulary.tokens == corpus.vocabulary.tokens
+
+
+def test_a_bad_tokenizer_is_named_with_the_file_and_line(tmp_path, monkeypatch):
+    path = tmp_path / "notes.txt"
+    path.write_text("one two\nthree\n\nfour five\n" * 10)
+
+    def none_on_blank_lines(line):
+        return line.split() if line else None
+
+    with pytest.raises(ValueError) as info:
+        load_text(path, tokenizer=none_on_blank_lines)
+    message = str(info.value)
+    assert message.startswith("Expected `tokenizer` (")
+    assert "none_on_blank_lines" in message and repr(str(path)) in message
+    assert "line 3 of" in message and "Received: NoneType None" in message
+
+    def fails_on_four(line):
+        if "four" in line:
+            raise KeyError("four")
+        return line.split()
+
+    with pytest.raises(ValueError, match=r"fails_on_four.*line 4 of .*notes\.txt.*KeyError") as info:
+        load_text(path, tokenizer=fails_on_four)
+    assert isinstance(info.value.__cause__, KeyError)  # chained
+
+    def gone_half_way(line):
+        yield "ok"
+        raise OSError("gone")
+
+    with pytest.raises(ValueError, match=r"gone_half_way.*line 1 of .*OSError: gone") as info:
+        load_text(path, tokenizer=gone_half_way)
+    assert isinstance(info.value.__cause__, OSError)
+    # A string back is a mistake (its characters would be the tokens).
+    with pytest.raises(ValueError, match=r"line 1 of .*Received: str 'one two'"):
+        load_text(path, tokenizer=str.strip)
+    # A bad string among the tokens (line 2) comes before a bad answer (line 3).
+    with pytest.raises(ValueError, match=r"line 2 of .*Received: 5 \(int\) among its tokens"):
+        load_text(path, tokenizer=lambda line: [len(line)] if line == "three" else line.split() or None)
+    with pytest.raises(ValueError, match=r"line 2 of .*Received: 5 \(int\) among its tokens"):
+        load_text(path, tokenizer=lambda line: [len(line)] if line == "three" else line.split() or 1 / 0)
+    # Several files: the message names the one at fault.
+    other = tmp_path / "other.txt"
+    other.write_text("one\nthree\nbad\n")
+    with pytest.raises(ValueError, match=r"line 3 of .*other\.txt"):
+        load_text({"train": path, "valid": other}, tokenizer=lambda line: None if line == "bad" else line.split())
+    # Long files are read a chunk of lines at a time: the line still counts
+    # from the start of the file.
+    monkeypatch.setattr(reader, "_WORD_CHUNK_CHARACTERS", 10)
+    numbered = tmp_path / "numbered.txt"
+    numbered.write_text("".join(f"w{i}\n" for i in range(1, 31)))
+    with pytest.raises(ValueError, match=r"line 26 of .*Received: NoneType None"):
+        load_text(numbered, tokenizer=lambda line: None if line == "w26" else [line])
+    with pytest.raises(ValueError, match=r"line 26 of .*Received: 0 \(int\)"):
+        load_text(numbered, tokenizer=lambda line: [0] if line == "w26" else [line])
+    # encode calls the tokenizer as the reader does.
+    vocabulary = load_text(path, tokenizer=str.split).vocabulary
+    vocabulary.tokenizer = none_on_blank_lines
+    with pytest.raises(ValueError, match=r"none_on_blank_lines.*line 2 of prompt 1"):
+        vocabulary.encode("one\n", where="prompt 1")
+    vocabulary.tokenizer = lambda line: [line, ""]
+    with pytest.raises(ValueError, match=r"line 1 of the text\. Received: '' \(str\) among its tokens"):
+        vocabulary.encode("one")
+
+
+def test_a_blank_last_line_without_its_newline_still_ends_with_eos(tmp_path):
+    # "\x85" (NEL) and " " are whitespace: the last line is blank. It is a
+    # line, with its <eos>, at char level as at word level.
+    for last in ("\x85", " ", "\t "):
+        path = tmp_path / "blank end.txt"
+        path.write_text("ab\n" * 20 + last, encoding="utf-8")
+        for level in ("word", "char"):
+            corpus = load_text(path, level, valid_fraction=0, test_fraction=0)
+            eos = corpus.vocabulary.eos_id
+            assert int(np.sum(corpus.train == eos)) == 21, (last, level)
 
 
 def test_char_level_joins_words_with_single_spaces(tmp_path):

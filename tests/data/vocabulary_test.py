@@ -74,6 +74,51 @@ def test_invalid_arguments():
         vocab.to_ids("a")
 
 
+def test_decode_says_what_ids_it_expected_and_the_first_it_could_not_take():
+    vocab = Vocabulary(["<eos>", "the", "cat"])
+    with pytest.raises(
+        ValueError,
+        match=r"Expected `ids` to hold integer token ids\. Received: "
+        r"ids\.dtype=<U3, e\.g\. 'the' at position \(0,\)",
+    ):
+        vocab.decode(["the", "cat"])
+    with pytest.raises(ValueError, match=r"ids\.dtype=float64, e\.g\. 1\.0 at position \(0,\)"):
+        vocab.decode([1.0, 2.0])
+    with pytest.raises(ValueError, match=r"ids\.dtype=bool, e\.g\. True"):
+        vocab.decode([True])
+    with pytest.raises(
+        ValueError,
+        match=r"Expected `ids` to hold token ids in \[0, 3\)\. Received: an id 3 "
+        r"at position \(1, 0\)",
+    ):
+        vocab.decode([[0, 1], [3, -1]])
+    with pytest.raises(ValueError, match=r"an id -1 at position \(1,\)"):
+        Vocabulary.bytes().decode(np.array([104, -1], np.int8))
+    with pytest.raises(ValueError, match=r"`encode` reads text.*ids='the cat'"):
+        vocab.decode("the cat")
+    for ragged in ([0, [1]], [None]):
+        with pytest.raises(ValueError, match="Expected `ids`"):
+            vocab.decode(ragged)
+    # Valid ids in any integer array, list or iterator; nothing is "".
+    assert vocab.decode(np.array([1, 2], np.uint8)) == "the cat"
+    assert vocab.decode(iter([1, 2])) == "the cat"
+    assert vocab.decode([]) == "" and vocab.to_tokens(()) == []
+
+
+def test_encode_says_what_text_it_expected():
+    vocab = Vocabulary(["<eos>", "the", "cat"])
+    with pytest.raises(ValueError, match=r"Expected `text` to be a string\. Received: text of type NoneType"):
+        vocab.encode(None)
+    with pytest.raises(ValueError, match=r"Expected `text` to be a string or bytes"):
+        Vocabulary.bytes().encode([104, 105])
+    # Text the encoding cannot write: a ValueError of ours, not the codec's.
+    with pytest.raises(ValueError, match=r"`text` \(prompt 0\).*'latin-1'.*'日' at position 2") as info:
+        Vocabulary.bytes("latin-1").encode("ab日", where="prompt 0")
+    assert not isinstance(info.value, UnicodeError)
+    with pytest.raises(ValueError, match=r"'utf-8'.*'\\ud800' at position 0"):
+        Vocabulary.bytes().encode("\ud800")
+
+
 def test_save_and_load_json(tmp_path):
     vocab = Vocabulary(["é", " ", "<eos>", "<unk>", "N"], unk_token="<unk>")
     path = tmp_path / "vocab.json"
