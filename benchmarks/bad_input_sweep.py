@@ -392,6 +392,61 @@ def _round_four(sweep):
     sweep.case("LanguageModel.score", "a one-token text (nothing to score)",
                lambda: model.score([[3]]), model=model)
 
+    # --- the main job's flags for a user's own file (the house issue) ---
+    import importlib.util
+    import sys
+
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+    sys.path.insert(0, examples)
+    spec = importlib.util.spec_from_file_location(
+        "ptb_word", os.path.join(examples, "ptb_word.py"))
+    ptb_word = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ptb_word)
+    with tempfile.TemporaryDirectory() as directory:
+        good = os.path.join(directory, "good.txt")
+        with open(good, "w") as f:
+            f.write("the cat sat on the mat\n" * 50)
+        empty = os.path.join(directory, "empty.txt")
+        open(empty, "w").close()
+        for what, argv, error in [
+            ("--text of a missing file", ["--text", os.path.join(directory, "no.txt")],
+             FileNotFoundError),
+            ("--text of an empty file", ["--text", empty], ValueError),
+            ("--max-size -5", ["--text", good, "--max-size", "-5"], ValueError),
+            ("--min-count 0", ["--text", good, "--min-count", "0"], ValueError),
+            ("--encoding nope", ["--text", good, "--encoding", "nope"], ValueError),
+        ]:
+            sweep.case("examples/ptb_word.py (main job)", what,
+                       lambda a=argv: ptb_word.load(ptb_word.parse_args(a, "word", "tiny")),
+                       error)
+
+    # --- the text hooks: a user's tokenizer, decode ---
+    from keras_mogrifier.data import load_text
+
+    def raising(line):
+        raise RuntimeError("tokenizer failure")
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "notes.txt")
+        with open(path, "w") as f:
+            f.write("the cat sat\non the mat\n" * 20)
+        for what, tokenizer in [
+            ("tokenizer returns None", lambda line: None),
+            ("tokenizer raises", raising),
+            ("tokenizer returns a str", lambda line: line),
+            ("tokenizer returns ints", lambda line: [len(w) for w in line.split()]),
+        ]:
+            sweep.case("data.load_text", what,
+                       lambda t=tokenizer: load_text(path, "word", tokenizer=t))
+    for what, ids in [
+        ("strings", ["the", "cat"]),
+        ("floats", [1.5, 2.0]),
+        ("id V", [1, V]),
+        ("id -1", [1, -1]),
+        ("None", [None, None]),
+    ]:
+        sweep.case("Vocabulary.decode", what, lambda i=ids: WORDS.decode(i))
+
     # --- fit across epochs and TrainingCheckpoint (the training-loop issue) ---
     from keras_mogrifier.callbacks import TrainingCheckpoint
     from keras_mogrifier.data import StreamDataset
