@@ -17,6 +17,7 @@ from keras_mogrifier.tuning.language_model_hyper_model import LanguageModelHyper
 from keras_mogrifier.tuning.search_space import DYNAMIC_EVALUATION_SEARCH_SPACE
 from keras_mogrifier.tuning.search_space import DYNAMIC_EVALUATION_SEARCH_SPACES
 from keras_mogrifier.tuning.search_space import LANGUAGE_MODEL_SEARCH_SPACE
+from keras_mogrifier.tuning.search_space import MAX_LEARNING_RATE_OVER_EPSILON
 from keras_mogrifier.tuning.search_space import search_space_table
 from keras_mogrifier.tuning.search_failed_error import SearchFailedError
 from keras_mogrifier.tuning.searches import run_dynamic_evaluation_search
@@ -35,6 +36,7 @@ __all__ = [
     "LANGUAGE_MODEL_OBJECTIVE",
     "LANGUAGE_MODEL_SEARCH_SPACE",
     "LanguageModelHyperModel",
+    "MAX_LEARNING_RATE_OVER_EPSILON",
     "SearchFailedError",
     "best_configuration",
     "build_tuner",

@@ -4,6 +4,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 
 import keras
 import keras_tuner
@@ -16,7 +17,6 @@ from keras_mogrifier.evaluation.update_rules import NEEDS_STATISTICS
 from keras_mogrifier.evaluation.update_rules import UPDATE_RULES
 from keras_mogrifier.evaluation.dynamic_evaluator import DynamicEvaluator
 from keras_mogrifier.tuning import search_space
-from keras_mogrifier.tuning.tuners import MAX_CONSECUTIVE_FAILED_TRIALS
 from keras_mogrifier.tuning.tuners import run_search
 
 DYNAMIC_EVALUATION_OBJECTIVE = keras_tuner.Objective("val_dynamic_loss", "min")
@@ -26,9 +26,12 @@ _METRICS = ("val_dynamic_loss", "val_dynamic_perplexity")
 ADVICE = (
     "What to try: smaller learning rates or larger epsilons (`ranges=`), "
     "gradient statistics from more training tokens (`statistics_tokens`), or "
-    "a setting that is known to work, such as Krause et al.'s learning_rate="
-    "5e-5, decay_rate=2e-3, epsilon=2e-5, segment_length=5 (`fixed=`)."
+    "ranges that hold Krause et al.'s learning_rate=5e-5, decay_rate=2e-3, "
+    "epsilon=2e-5, segment_length=5 (the first trial of a search takes it "
+    "wherever the ranges allow)."
 )
+# What a failed trial of this tuner is: a pass that diverged.
+FAILED_AS = "diverged"
 _NO_MODELS = (
     "A dynamic-evaluation trial has no model of its own (the trained model "
     "is never changed): apply a setting with `evaluate(x)`."
@@ -53,6 +56,33 @@ class _DynamicEvaluationSpace(keras_tuner.HyperModel):
         values.update(self.fixed)
         return values
 
+    def first_values(self):
+        """The values of a search's first trial: a setting known to work.
+
+        Each searched hyperparameter takes its default in the rule's space
+        (`DYNAMIC_EVALUATION_SEARCH_SPACES`), for the RMS rules Krause et
+        al.'s released setting, η 5e-5, λ 2e-3, ε 2e-5 at n = 5 in the
+        library's units; at another segment length (fixed or clipped into
+        its range) η and λ are scaled by n/5, as Krause's grid scales them
+        (benkrause/dynamic-evaluation `dynamiceval.py` lines 279-280); ε is
+        given in the searched units (× n with `loss_reduction="sum"`); and
+        every value is clipped into its range.
+        """
+        defaults = search_space.DYNAMIC_EVALUATION_SEARCH_SPACES[self.update_rule]
+        n0 = defaults["segment_length"]["default"]
+        n = self.fixed.get("segment_length")
+        if n is None:
+            n = _clip(n0, self.search_space.get("segment_length"))
+        known = {
+            "segment_length": n,
+            "learning_rate": defaults["learning_rate"]["default"] * n / n0,
+            "decay_rate": defaults["decay_rate"]["default"] * n / n0,
+        }
+        if "epsilon" in defaults:
+            epsilon = defaults["epsilon"]["default"]
+            known["epsilon"] = epsilon * n if self.loss_reduction == "sum" else epsilon
+        return {name: _clip(known[name], spec) for name, spec in self.search_space.items()}
+
     def configuration(self, hp):
         """The `DynamicEvaluator` settings of `hp` (η converted, see the tuner)."""
         if isinstance(hp, dict):
@@ -76,6 +106,52 @@ class _DynamicEvaluationSpace(keras_tuner.HyperModel):
             settings["epsilon"] /= n
         return settings
 
+    def learning_rate_over_epsilon(self, hp):
+        """η/ε of `hp` in the library's units (0 for a rule without ε)."""
+        settings = self.configuration(hp)
+        if "epsilon" not in settings:
+            return 0.0
+        return settings["learning_rate"] / settings["epsilon"]
+
+
+# Draws an oracle makes for one trial before it gives up on the limit of η/ε.
+_DRAWS = 1000
+
+
+class _DynamicEvaluationOracle:
+    """Runs `first_values` as the first trial, then the oracle's own draws,
+    drawn again while `admits(values)` is false."""
+
+    def __init__(self, first_values, admits, **kwargs):
+        super().__init__(**kwargs)
+        self.first_values = dict(first_values)
+        self.admits = admits
+
+    def populate_space(self, trial_id):
+        if not self.start_order:  # no trial yet, also in a resumed search
+            return {"status": "RUNNING", "values": dict(self.first_values)}
+        response = super().populate_space(trial_id)
+        for _ in range(_DRAWS):
+            if response["status"] != "RUNNING" or self.admits(response["values"]):
+                break
+            # A random draw, also where Bayesian optimisation proposed a
+            # setting outside (it learns nothing from diverged trials).
+            values = self._random_values()
+            response = {"status": "RUNNING" if values else "STOPPED", "values": values}
+        return response
+
+
+class _RandomSearchOracle(
+    _DynamicEvaluationOracle, keras_tuner.oracles.RandomSearchOracle
+):
+    pass
+
+
+class _BayesianOptimizationOracle(
+    _DynamicEvaluationOracle, keras_tuner.oracles.BayesianOptimizationOracle
+):
+    pass
+
 
 class DynamicEvaluationTuner(keras_tuner.Tuner):
     """Searches the settings of dynamic evaluation on a trained model.
@@ -93,23 +169,36 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
     search (`overwrite=False`) or a later `evaluate` reuses them. Finished
     trials are not rerun when a search resumes.
 
+    The first trial of a search (with the `"random"` or `"bayesian"`
+    oracle) is a setting known to work: Krause et al.'s released one, η 5e-5,
+    λ 2e-3, ε 2e-5 at n = 5 (his code's normaliser is `"tensor_mean"`; with
+    `"global_mean"` λ weighs the elements a little differently), in the
+    searched units and clipped into the ranges (`tuner.oracle.first_values`);
+    the oracle draws the others. A search whose ranges hold that setting
+    ends with a result.
+
     The objective is `val_dynamic_loss` (`DYNAMIC_EVALUATION_OBJECTIVE`,
     minimised); trials also report `val_dynamic_perplexity`. A pass that
-    diverges — its loss is not finite, or above `max_loss`, by default
-    `2 ln(vocabulary size)`, twice the loss of a uniform guess, which a model
-    (even an untrained one, whose loss is about `ln(vocabulary size)`) only
-    exceeds when the adaptation blows up (with a tiny ε, rarely seen
-    words get huge steps) — raises `keras_tuner.errors.FailedTrialError`: the
-    trial is recorded as failed, kept out of Bayesian optimisation's model
-    (whose normalised targets one loss of 1e15 would flatten), and the search
-    goes on.
+    diverges — the evaluator stops it at its first segment with a loss that
+    is not finite or beyond 709.78 nats (`DivergenceError`), or it ends
+    above `max_loss`, by default `2 ln(vocabulary size)`, twice the loss of
+    a uniform guess, which a model (even an untrained one, whose loss is
+    about `ln(vocabulary size)`) only exceeds when the adaptation blows up
+    (with a tiny ε, rarely seen words get huge steps) — is a diverged trial:
+    recorded as failed, with where and why as its message, kept out of
+    Bayesian optimisation's model (whose normalised targets one loss of 1e15
+    would flatten), logged in one line (no traceback), counted in the
+    summary (`search_summary(tuner, ADVICE, FAILED_AS)`), and the search
+    goes on; the weights are restored as after every pass.
 
     The default space is `DYNAMIC_EVALUATION_SEARCH_SPACE`, in the library's
     units (the rule of `DynamicEvaluator` on the per-token mean loss of a
     segment): the box of the Mogrifier paper's Table 6 converted — segment
     length 1–20 (word level; pass `ranges={"segment_length": (1, 50)}` for
     characters), η 1e-6–1e-3, λ 1e-6–1e-2 (both as printed) and ε
-    5e-10–1e-2 (the printed 1e-8–1e-2 divided by n = 1–20). The paper's
+    5e-10–1e-2 (the printed 1e-8–1e-2 divided by n = 1–20), less its corner
+    of large η and small ε, where passes diverge: the oracles draw only
+    settings with η/ε ≤ `max_learning_rate_over_epsilon` (10). The paper's
     values were tuned with the authors' code, which adapts on the loss
     *summed* over a segment and gathers its RMS from the gradients of that
     same summed loss: both are n times ours, so η and λ carry over and ε
@@ -120,13 +209,10 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
     `tuner.hypermodel.configuration(hp)` (and `evaluator_settings`) give the
     evaluator's values of a trial.
 
-    Every trial stops at its first non-finite segment (the evaluator's
-    `DivergenceError`) and is recorded as failed, with where and why.
-
     `evaluate(x)` applies the best setting found (or any other) to another
     stream — the test split — in one call; `evaluate_static(x)` scores it
-    without adaptation, with the same segments, for comparison (η = 0 is
-    static evaluation exactly).
+    without adaptation, with the same segments, for comparison (η = 0 gives
+    the same loss to float rounding).
 
     Args:
         model: a trained, built `keras.Model` mapping ids to logits — a
@@ -135,8 +221,10 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         gradient_data: 1-D int array. The training stream, for the gradient
             statistics.
         oracle: `"random"`, `"bayesian"` or a `keras_tuner.Oracle` whose
-            objective is `val_dynamic_loss` or `val_dynamic_perplexity`.
-            Defaults to `"random"`.
+            objective is `val_dynamic_loss` or `val_dynamic_perplexity`
+            (which draws every trial itself, the first one included, and
+            keeps its own `max_consecutive_failed_trials`). Defaults to
+            `"random"`.
         max_trials: int. Trials of the `"random"` and `"bayesian"` oracles.
             Defaults to `10`.
         ranges: dict or None. Overrides of the search space, `name -> (low,
@@ -162,9 +250,17 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         max_loss: float, `math.inf` or `"auto"`. A trial whose loss is above
             it has diverged. Defaults to `"auto"`: `2 ln(vocabulary size)` when
             the model tells its vocabulary size, else `math.inf`.
+        max_learning_rate_over_epsilon: float or None. The largest η/ε, in
+            the library's units, that the `"random"` and `"bayesian"` oracles
+            draw (a draw above it is drawn again): it leaves out the corner
+            of the box where passes diverge. Ranges that hold no such setting
+            raise a `ValueError`. Defaults to `10`
+            (`MAX_LEARNING_RATE_OVER_EPSILON`, measured); `None`: no limit.
         seed: int or None. Seed of the oracle. Defaults to `None`.
-        max_consecutive_failed_trials: int. As in KerasTuner's oracles.
-            Defaults to `10`.
+        max_consecutive_failed_trials: int or None. Diverged trials in a row
+            after which the search stops, as in KerasTuner's oracles.
+            Defaults to `None`: never (a diverged pass costs at most one
+            pass, and the first trial is a setting known to work).
         directory: str or None. Where the trials (and cached statistics) are
             kept. Defaults to `None` (the working directory).
         project_name: str or None. Defaults to `None` (`"dynamic_evaluation"`).
@@ -211,8 +307,9 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         statistics_batch_size=100,
         statistics_tokens=None,
         max_loss="auto",
+        max_learning_rate_over_epsilon=search_space.MAX_LEARNING_RATE_OVER_EPSILON,
         seed=None,
-        max_consecutive_failed_trials=MAX_CONSECUTIVE_FAILED_TRIALS,
+        max_consecutive_failed_trials=None,
         directory=None,
         project_name=None,
         overwrite=False,
@@ -271,18 +368,30 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
                 f"{statistics_batch_size * (longest + 1)} tokens, for one batch "
                 f"of statistics. Received: {len(gradient_data)} tokens"
             )
+        hypermodel = _DynamicEvaluationSpace(space, fixed, loss_reduction, update_rule)
+        limit = max_learning_rate_over_epsilon
+        if limit is not None:
+            limit = _validation.positive_float("max_learning_rate_over_epsilon", limit)
         if isinstance(oracle, str):
             _validation.one_of("oracle", oracle, ORACLES)
             max_trials = _validation.positive_int("max_trials", max_trials)
+            if limit is not None and "epsilon" in names:
+                _check_ratio_reachable(names, space, fixed, loss_reduction, limit)
+            if max_consecutive_failed_trials is None:
+                max_consecutive_failed_trials = sys.maxsize  # never reached
             max_consecutive_failed_trials = _validation.positive_int(
                 "max_consecutive_failed_trials", max_consecutive_failed_trials
             )
             oracle_class = (
-                keras_tuner.oracles.RandomSearchOracle
-                if oracle == "random"
-                else keras_tuner.oracles.BayesianOptimizationOracle
+                _RandomSearchOracle if oracle == "random" else _BayesianOptimizationOracle
             )
+
+            def admits(values):
+                return limit is None or hypermodel.learning_rate_over_epsilon(values) <= limit
+
             oracle = oracle_class(
+                hypermodel.first_values(),
+                admits,
                 objective=DYNAMIC_EVALUATION_OBJECTIVE,
                 max_trials=max_trials,
                 seed=seed,
@@ -308,13 +417,15 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         self.statistics_batch_size = statistics_batch_size
         self.statistics_tokens = statistics_tokens
         self.max_loss = max_loss
+        self.max_learning_rate_over_epsilon = limit
         self.statistics_collected = 0  # statistics passes run by this tuner
         self._statistics = {}
         self._fingerprint = None
         self._evaluator = None
+        self._diverged = {}  # trial id -> why, until the trial ends
         super().__init__(
             oracle=oracle,
-            hypermodel=_DynamicEvaluationSpace(space, fixed, loss_reduction, update_rule),
+            hypermodel=hypermodel,
             directory=directory,
             project_name=project_name or "dynamic_evaluation",
             overwrite=overwrite,
@@ -432,27 +543,51 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         max_tokens = _validation.optional_positive_int("max_tokens", max_tokens)
         if max_tokens is not None:
             x = x[: max_tokens + 1]
-        run_search(self, lambda: super(DynamicEvaluationTuner, self).search(x, **kwargs), ADVICE)
+        run_search(
+            self,
+            lambda: super(DynamicEvaluationTuner, self).search(x, **kwargs),
+            ADVICE,
+            failed_as=FAILED_AS,
+        )
 
     def run_trial(self, trial, x, **kwargs):
         settings = self.hypermodel.configuration(trial.hyperparameters)
         try:
             results = self._configure(settings).evaluate(x, verbose=0)
         except DivergenceError as error:
-            raise keras_tuner.errors.FailedTrialError(str(error)) from error
+            return self._divergence(trial, str(error))
         except ValueError as error:
             # A problem of the model, data or settings, not of this trial:
             # stop the search instead of failing every trial.
             raise keras_tuner.errors.FatalValueError(str(error)) from error
         if not results["loss"] <= self.max_loss:  # also catches NaN
-            raise keras_tuner.errors.FailedTrialError(
+            return self._divergence(
+                trial,
                 f"Dynamic evaluation diverged: loss {results['loss']:.4g} "
-                f"(above max_loss={self.max_loss:.4g}) with {settings}."
+                f"(above max_loss={self.max_loss:.4g}) with {settings}. The "
+                "trained weights and the recurrent state were restored.",
             )
         return {
             "val_dynamic_loss": results["loss"],
             "val_dynamic_perplexity": results["perplexity"],
         }
+
+    def _divergence(self, trial, message):
+        # Raising would have KerasTuner print the traceback of an expected
+        # outcome; the trial is marked failed when it ends (`on_trial_end`).
+        self._diverged[trial.trial_id] = message
+        return {"val_dynamic_loss": math.inf, "val_dynamic_perplexity": math.inf}
+
+    def on_trial_end(self, trial):
+        message = self._diverged.pop(trial.trial_id, None)
+        if message is not None:
+            # Failed, not completed: no best trial and no Bayesian model sees
+            # its infinite loss.
+            trial.status = "FAILED"
+            trial.message = message
+        super().on_trial_end(trial)
+        if message is not None and self.oracle.verbose:
+            print(f"Trial {trial.trial_id} diverged: {message}")
 
     # === Applying the result ===
 
@@ -507,6 +642,37 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
 
     def get_best_models(self, num_models=1):
         raise NotImplementedError(_NO_MODELS)
+
+
+def _check_ratio_reachable(names, space, fixed, loss_reduction, limit):
+    """Raises unless some setting of the ranges has η/ε ≤ `limit` (our units)."""
+
+    def bounds(name):
+        if name in space:
+            return space[name]["min"], space[name]["max"]
+        value = fixed.get(name, names[name]["default"])  # fixed, or not searched
+        return value, value
+
+    smallest = bounds("learning_rate")[0]
+    largest = bounds("epsilon")[1]
+    if loss_reduction == "sum":
+        largest /= bounds("segment_length")[0]
+    if smallest > limit * largest:
+        raise ValueError(
+            "Expected ranges that hold settings with learning_rate / epsilon "
+            f"<= max_learning_rate_over_epsilon={limit:g} (in the library's "
+            "units; above it passes diverge), or "
+            "max_learning_rate_over_epsilon=None to search them anyway. "
+            f"Received: learning_rate from {smallest:g}, epsilon up to {largest:g}"
+        )
+
+
+def _clip(value, spec):
+    """`value` clipped into the range of `spec` (None: no range)."""
+    if spec is None:
+        return value
+    clipped = min(max(value, spec["min"]), spec["max"])
+    return int(clipped) if spec["type"] == "int" else float(clipped)
 
 
 def _vocabulary_size(model):

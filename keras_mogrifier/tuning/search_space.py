@@ -180,6 +180,18 @@ DYNAMIC_EVALUATION_SEARCH_SPACE = {
     },
 }
 
+# The largest η/ε, in the library's units, that `DynamicEvaluationTuner`'s
+# oracles draw from the box above (a draw above it is drawn again). Step sizes
+# of elements whose RMS is below ε are η·g/ε, so the diverging corner of the
+# box is a diagonal one. Measured (docs/tuning.md, "Where dynamic evaluation
+# diverges"): on a `tiny` PTB model trained 1 epoch (n = 5, λ = 1e-6), every
+# setting with η/ε ≥ 30 diverged, and two of four at η/ε = 10; every one up
+# to 3.3 completed, the best at η/ε = 1. On issue 26's 6-epoch PTB model
+# (10 draws of the box) the three that diverged had η/ε ≥ 1.0e4, the two that
+# beat static evaluation 9.6 and 35, the others above 10 were worse than
+# static. Krause et al.'s setting is 2.5.
+MAX_LEARNING_RATE_OVER_EPSILON = 10.0
+
 # One default space per update rule of `DynamicEvaluator` (Krause et al.'s
 # ladder, `keras_mogrifier.evaluation.update_rules`), in the library's units.
 # The RMS rules share Table 6's box (converted above); eq. 6 reads λ as the

@@ -126,28 +126,35 @@ def trial_rows(tuner):
     return rows
 
 
-def search_summary(tuner, advice=""):
+def search_summary(tuner, advice="", failed_as="failed"):
     """A few lines on how a search went: counts, each failure, what to try.
 
     Args:
         tuner: a KerasTuner tuner after (or during) `search`.
         advice: str. What to try when trials failed (appended then).
+        failed_as: str. The word for a failed trial, e.g. `"diverged"` for
+            `DynamicEvaluationTuner`, whose trials fail only by diverging.
+            Defaults to `"failed"`.
 
     Returns:
-        The text, e.g. `"8 trials: 6 completed, 2 failed (...)"` followed by
+        The text, e.g. `"8 trial(s): 6 completed, 2 failed"` followed by
         one line per failed trial.
     """
     rows = trial_rows(tuner)
+    words = {"FAILED": failed_as}
     counts = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
-    parts = ", ".join(f"{n} {status.lower()}" for status, n in sorted(counts.items()))
+    parts = ", ".join(
+        f"{n} {words.get(status, status.lower())}" for status, n in sorted(counts.items())
+    )
     lines = [f"{len(rows)} trial(s): {parts or 'none ran'}"]
     for row in rows:
         if row["status"] not in ("COMPLETED", "RUNNING"):
             values = ", ".join(f"{k}={_format(v)}" for k, v in row["values"].items())
+            status = words.get(row["status"], row["status"].lower())
             lines.append(
-                f"  trial {row['trial_id']} {row['status'].lower()} ({values}): "
+                f"  trial {row['trial_id']} {status} ({values}): "
                 f"{row['message'] or 'no message'}"
             )
     if advice and any(r["status"] not in ("COMPLETED", "RUNNING") for r in rows):
@@ -155,12 +162,13 @@ def search_summary(tuner, advice=""):
     return "\n".join(lines)
 
 
-def run_search(tuner, search, advice):
+def run_search(tuner, search, advice, failed_as="failed"):
     """Runs `search()` (the tuner's search), then fails if no trial completed.
 
     KerasTuner ends a search with a `RuntimeError` after too many failed
     trials in a row; either way, when no trial of `tuner` completed this
-    raises `SearchFailedError` with `search_summary(tuner, advice)`.
+    raises `SearchFailedError` with `search_summary(tuner, advice,
+    failed_as)`.
     """
     from keras_mogrifier.tuning.search_failed_error import SearchFailedError
 
@@ -172,7 +180,7 @@ def run_search(tuner, search, advice):
     rows = trial_rows(tuner)
     if not any(row["status"] == "COMPLETED" for row in rows):
         raise SearchFailedError(
-            "No trial completed. " + search_summary(tuner, advice), rows
+            "No trial completed. " + search_summary(tuner, advice, failed_as), rows
         )
     return tuner
 
