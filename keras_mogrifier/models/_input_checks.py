@@ -279,6 +279,11 @@ def _static_shape(value):
         return None
 
 
+def _differ(size, expected):
+    """Whether two sizes are both known (static) and differ."""
+    return isinstance(size, int) and isinstance(expected, int) and size != expected
+
+
 def _dtype_name(value):
     return keras.backend.standardize_dtype(value.dtype)
 
@@ -340,22 +345,16 @@ def check_cache_call(model, token_ids, cache):
     rows = shape[0] if shape is not None else None
     for index, state in enumerate(cache):
         name = f"cache[{index}]"
-        state_shape = _static_shape(state)
-        if state_shape is None or not hasattr(state, "dtype"):
-            if state_shape is None and hasattr(state, "dtype"):
-                continue  # TensorFlow, traced with an unknown rank
+        if not hasattr(state, "dtype"):
             raise ValueError(
                 f"Expected `{name}` to be a tensor of shape (batch, "
                 f"{model.units}). Received: {type(state).__name__}"
             )
-        bad_rows = (
-            isinstance(rows, int) and isinstance(state_shape[0], int)
-            and state_shape[0] != rows
-        ) if len(state_shape) == 2 else False
-        if (
-            len(state_shape) != 2
-            or (isinstance(state_shape[1], int) and state_shape[1] != model.units)
-            or bad_rows
+        state_shape = _static_shape(state)
+        if state_shape is None:
+            continue  # TensorFlow, traced with an unknown rank
+        if len(state_shape) != 2 or _differ(state_shape[1], model.units) or _differ(
+            state_shape[0], rows
         ):
             batch = rows if isinstance(rows, int) else "batch"
             raise ValueError(
