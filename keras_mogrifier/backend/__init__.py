@@ -60,6 +60,13 @@ Each backend module implements the same functions:
   variables while they run; TensorFlow and PyTorch update them in place.)
 - `is_concrete(x)`: whether `x`, a tensor given to a model call, has a
   value now (eager), rather than being traced.
+- `run_functions_eagerly(enabled)`: whether the functions this seam and
+  Keras's trainers compile run op by op instead (for tests and debugging);
+  returns whether the backend has such a mode. TensorFlow's
+  `tf.config.run_functions_eagerly`; JAX and PyTorch return `False` and
+  change nothing (PyTorch runs eagerly anyway; JAX's op-by-op mode compiles
+  every operation on its own and ran the evaluation tests 1.4× slower than
+  compiling them, measured).
 - `check_dataset_on_host(dataset, check)`: a `tf.data.Dataset` whose
   elements go through `check(index, numpy_element)` on the host before
   they are used (one implementation, `_shared.py`: tf.data is
@@ -105,6 +112,26 @@ def get_backend_module():
         )
     module = _MODULES[name] = importlib.import_module(f"keras_mogrifier.backend.{name}")
     return module
+
+
+def run_functions_eagerly(enabled):
+    """Runs compiled functions op by op (`True`) or compiled (`False`).
+
+    For tests and debugging. On TensorFlow every `tf.function` — this
+    package's compiled steps and loops and Keras's `fit`, `evaluate` and
+    `predict` steps — then runs eagerly: what it computes is the same, its
+    tracing and compiling are skipped (a tiny model's test runs ~3× faster,
+    `docs/testing.md`) and Python code inside it runs on every call. JAX and
+    PyTorch have no such mode worth having (see the module docstring); the
+    call changes nothing there.
+
+    Args:
+        enabled: bool.
+
+    Returns:
+        Whether the active backend honours the setting.
+    """
+    return get_backend_module().run_functions_eagerly(bool(enabled))
 
 
 def _own(name):

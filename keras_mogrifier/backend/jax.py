@@ -292,5 +292,10 @@ def keep_values_on_error(model):
         raise
 
 
+def run_functions_eagerly(enabled):
+    del enabled  # jax_disable_jit compiles each operation alone: slower
+    return False
+
+
 def is_concrete(x):
     return not isinstance(x, jax.core.Tracer)

@@ -211,6 +211,11 @@ def keep_values_on_error(model):
     yield
 
 
+def run_functions_eagerly(enabled):
+    tf.config.run_functions_eagerly(enabled)
+    return True
+
+
 def is_concrete(x):
     del x
     return tf.executing_eagerly()

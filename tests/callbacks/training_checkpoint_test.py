@@ -62,6 +62,7 @@ def _assert_same_run(out, uninterrupted):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_killed_five_times_in_one_run_and_resumed(tmp_path, uninterrupted):
     """One run killed five times, each resumed process killed at a new place:
     after a step within an epoch, half way through writing each kind of

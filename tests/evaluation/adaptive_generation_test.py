@@ -70,6 +70,7 @@ def _replayed_document_state(model, ids, after_segment, n):
     return _values(model.recurrent_state_variables)
 
 
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_adapted_weights_and_state_are_what_evaluate_reaches_and_are_restored(trained):
     model, evaluator = trained
     model.set_temperature(0.7)
@@ -119,6 +120,7 @@ def test_continuation_is_more_probable_and_generation_follows_the_document(train
     assert model.generate("the big", max_length=10) != text
 
 
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_restored_after_an_error_and_nested_blocks(trained):
     model, evaluator = trained
     before = _values(model.variables)

@@ -105,6 +105,7 @@ CORNERS = [
 ]
 
 
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_a_stream_of_words_missing_from_the_statistics_stays_finite(
     trained_on_half_the_vocabulary,
 ):

@@ -379,6 +379,7 @@ def test_decay_only_pulls_back_to_trained_weights(normalizer):
     reason="jit_compile chooses between graph and XLA on TensorFlow; JAX always "
     "compiles with XLA and PyTorch runs eagerly",
 )
+@pytest.mark.compiled
 def test_xla_step_matches_graph_step():
     # Unrolled (segments have a static length) so that XLA compiles quickly.
     model = lstm_model(unroll=True)

@@ -130,6 +130,7 @@ def test_never_zeroes_the_carried_state_during_evaluation():
     assert result["num_tokens"] == static["num_tokens"]
 
 
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_dropout_scale_multiplies_every_rate():
     """lamb's `eval_dropout_multiplier` (lm.py 527-549) scales every rate."""
     model = _model(**DROPOUT)
@@ -155,6 +156,7 @@ def test_dropout_scale_multiplies_every_rate():
         mc_dropout_evaluate(model, STREAM, passes=2, dropout_scale=-1.0)
 
 
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_temperature_search_scores_the_ensemble_at_every_candidate():
     model = _model(**DROPOUT, temperature=0.9)
     before = [to_numpy(w).copy() for w in model.weights]

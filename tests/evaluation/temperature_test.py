@@ -81,6 +81,7 @@ def _sampled_stream(model, n, tau, seed=4):
 
 
 @pytest.mark.parametrize("streams, data", [(1, "random"), (2, "random"), (1, "sampled")])
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_search_temperature_losses_are_the_cross_entropy_at_every_candidate(streams, data):
     # Random tokens: the flattest candidate (0.80) wins; tokens sampled at
     # τ = 0.92: a candidate inside the range wins.

@@ -98,6 +98,7 @@ def test_a_valid_call_still_gives_the_full_pass_logits(model, cache):
 
 
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's traced ids")
+@pytest.mark.compiled
 def test_traced_ids_get_the_static_checks_under_jit(model, cache):
     # Under `jax.jit` the ids' values are unknown; their dtype, rank and the
     # cache's structure are checked all the same.

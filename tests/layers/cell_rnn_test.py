@@ -185,6 +185,7 @@ def test_adaptation_matrix(cls, streams):
 
 @pytest.mark.parametrize("cls", CELLS)
 @pytest.mark.parametrize("rounds, rank", ROUNDS)
+@pytest.mark.compiled
 def test_compiled_calls(cls, rounds, rank):
     reference, fast = _pair(
         cls, rounds, rank, cell_kwargs=dict(dropout=0.2, recurrent_dropout=0.2),

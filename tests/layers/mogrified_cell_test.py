@@ -73,6 +73,7 @@ def test_masks_are_constant_over_time_within_a_sequence(cls):
 
 
 @pytest.mark.parametrize("cls", CELLS)
+@pytest.mark.compiled
 def test_masks_differ_between_sequences_under_jit(cls):
     xs = _xs()
     cell = cls(N, mogrifier_rounds=2, dropout=0.3, recurrent_dropout=0.3)

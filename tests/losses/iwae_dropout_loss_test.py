@@ -188,6 +188,7 @@ def _out_of_range_problem():
     reason="PyTorch's evaluate runs eagerly (no trace where the ids have no "
     "value): there an out-of-range id raises, as tested below",
 )
+@pytest.mark.compiled
 def test_out_of_range_targets_in_compiled_evaluate_give_nan():
     model, x, y = _out_of_range_problem()
     model.compile(loss=IWAEDropoutLoss())

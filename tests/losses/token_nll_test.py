@@ -117,6 +117,7 @@ def test_out_of_vocabulary_ids_raise_eagerly(bad_id):
     "and runs it eagerly): the ids always have a value there, so an "
     "out-of-range id raises, as tested above",
 )
+@pytest.mark.compiled
 def test_out_of_vocabulary_ids_give_nan_in_a_traced_graph():
     ids = np.array([[0, 1, 7]], "int32")
     logits = np.zeros((1, 3, 5), "float32")

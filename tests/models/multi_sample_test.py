@@ -95,6 +95,7 @@ def _next_token_data(windows=20, seed=0):
 
 
 @pytest.mark.parametrize("chunk", [None, 7])
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_short_fit_with_two_samples_decreases_the_loss(chunk):
     keras.utils.set_random_seed(0)
     x, y = _next_token_data()

@@ -73,6 +73,7 @@ def test_backbone_config_round_trip():
     assert revived.num_layers == 3 and revived.skip_connections
 
 
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_a_sequence_classifier_on_the_backbone_learns_a_separable_task():
     # Class 1 iff the sequence contains token 1 (the others are 2..V-1).
     rng = np.random.default_rng(0)

@@ -83,6 +83,7 @@ def searched(trained, corpus, tuning_stream, tmp_path_factory):
     return tuner, directory, before
 
 
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_search_finds_a_setting_better_than_static(searched, tuning_stream):
     # Whatever each trial does: it ran once and completed or diverged (then
     # recorded as such), and the best completed one beats static evaluation.
@@ -266,6 +267,7 @@ def test_resume_reruns_nothing_and_reuses_statistics(
         ((1e-4, 1e-3), 0.5, "above max_loss"),
     ],
 )
+@pytest.mark.compiled  # faster compiled than op by op (tests/conftest.py)
 def test_diverging_pass_is_a_failed_trial_and_the_search_ends_with_a_summary(
     trained, corpus, tuning_stream, tmp_path, learning_rates, max_loss, reason
 ):
