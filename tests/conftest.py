@@ -19,19 +19,24 @@ def _float32_policy():
 
 # === Compiled, or op by op ===
 #
-# Most of a test's time on TensorFlow was tracing and compiling the tiny
-# model's functions (`tf.function`), which it then ran a few times. Unless
-# TEST_COMPILE=all, they run op by op there (`backend.run_functions_eagerly`:
-# the same values, no tracing), except in tests marked
-# `@pytest.mark.compiled` — those that exercise what only a compiled
-# function does (tracing, XLA, what can be read inside a trace) — which run
-# compiled. JAX and PyTorch run as always: PyTorch is eager, JAX has no
-# faster op-by-op mode. A fixture of wider scope runs in the mode of the
-# first test that sets it up.
-# Also compiled: every test given `jit_compile=True` (XLA is what it tests),
-# and the folders below, whose tests train for hundreds of steps — compiled
-# once, those run faster than op by op (measured on TensorFlow: examples
-# 148 s compiled, 469 s op by op; pipeline 155 s, 219 s).
+# Most of a test's time was compiling the tiny model's functions, which it
+# then ran a few times. Unless TEST_COMPILE=all (what users run: everything
+# compiled and optimised), the suite saves that time on the two backends
+# that compile:
+# - TensorFlow runs its `tf.function`s op by op (`backend.run_functions_eagerly`:
+#   the same values, no tracing), except in the tests that run compiled
+#   (`_runs_compiled`): those marked `@pytest.mark.compiled` — they exercise
+#   what only a compiled function does (tracing, XLA, what can be read inside
+#   a trace), or they train or score for so many steps that compiling once
+#   is faster —, every test given `jit_compile=True`, and the folders below.
+# - JAX compiles without most of XLA's optimisation passes
+#   (`backend.optimize_compiled_code(False)`): the same computation, compiled
+#   faster; JAX has no faster op-by-op mode.
+# PyTorch runs eagerly anyway. A fixture of wider scope runs in the mode of
+# the first test that sets it up. Measured: docs/testing.md.
+# The folders' tests train for hundreds of steps: compiled once, they run
+# faster than op by op (TensorFlow: examples 148 s compiled, 469 s op by op;
+# pipeline 155 s, 219 s).
 COMPILED_FOLDERS = ("tests/examples", "tests/pipeline")
 
 
@@ -45,7 +50,7 @@ def _runs_compiled(item):
     return path.startswith(tuple(folder + "/" for folder in COMPILED_FOLDERS))
 
 
-def _eager_by_default():
+def _quick_by_default():
     mode = os.environ.get("TEST_COMPILE", "marked")
     if mode not in ("marked", "all"):
         raise ValueError(f"Expected TEST_COMPILE to be 'marked' or 'all'. Received: {mode!r}")
@@ -56,7 +61,7 @@ def _eager_by_default():
 def pytest_runtest_setup(item):
     # Before the item's fixtures are set up, so that a module's fixture
     # (a model trained once for its tests) runs in its first test's mode.
-    backend.run_functions_eagerly(_eager_by_default() and not _runs_compiled(item))
+    backend.run_functions_eagerly(_quick_by_default() and not _runs_compiled(item))
 
 
 # === Tests that run once per suite ===
@@ -70,6 +75,7 @@ def pytest_runtest_setup(item):
 
 
 def pytest_configure(config):
+    backend.optimize_compiled_code(not _quick_by_default())
     config.addinivalue_line(
         "markers",
         "compiled: runs the backend's compiled functions even where the suite "

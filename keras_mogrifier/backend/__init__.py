@@ -67,6 +67,11 @@ Each backend module implements the same functions:
   change nothing (PyTorch runs eagerly anyway; JAX's op-by-op mode compiles
   every operation on its own and ran the evaluation tests 1.4× slower than
   compiling them, measured).
+- `optimize_compiled_code(enabled)`: whether the compiler optimises the
+  programs it compiles from now on (the default) or compiles them quickly
+  and runs them slower (for tests of tiny models); returns whether the
+  backend has the setting. JAX's `jax_disable_most_optimizations`;
+  TensorFlow and PyTorch return `False` and change nothing.
 - `check_dataset_on_host(dataset, check)`: a `tf.data.Dataset` whose
   elements go through `check(index, numpy_element)` on the host before
   they are used (one implementation, `_shared.py`: tf.data is
@@ -132,6 +137,25 @@ def run_functions_eagerly(enabled):
         Whether the active backend honours the setting.
     """
     return get_backend_module().run_functions_eagerly(bool(enabled))
+
+
+def optimize_compiled_code(enabled):
+    """Optimised compiled programs (`True`, the default) or quick compiles.
+
+    For tests: a test of a tiny model compiles many programs and runs each
+    a few times, so compiling dominates; with `False` JAX skips most of
+    XLA's optimisation passes (`jax_disable_most_optimizations`) for the
+    programs it compiles from now on — the same computation, compiled
+    faster, run slower (`docs/testing.md`). TensorFlow and PyTorch have no
+    such setting; the call changes nothing there.
+
+    Args:
+        enabled: bool.
+
+    Returns:
+        Whether the active backend honours the setting.
+    """
+    return get_backend_module().optimize_compiled_code(bool(enabled))
 
 
 def _own(name):

@@ -292,6 +292,11 @@ def keep_values_on_error(model):
         raise
 
 
+def optimize_compiled_code(enabled):
+    jax.config.update("jax_disable_most_optimizations", not enabled)
+    return True
+
+
 def run_functions_eagerly(enabled):
     del enabled  # jax_disable_jit compiles each operation alone: slower
     return False

@@ -406,6 +406,11 @@ def keep_values_on_error(model):
     yield
 
 
+def optimize_compiled_code(enabled):
+    del enabled  # no such setting
+    return False
+
+
 def run_functions_eagerly(enabled):
     del enabled  # eager anyway
     return False
