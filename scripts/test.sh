@@ -58,6 +58,15 @@ if [ "$jobs" -gt 1 ]; then
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 fi
 
+# The suite's quick modes (tests/conftest.py, docs/testing.md): TensorFlow
+# runs op by op what the tests do not mark compiled; JAX compiles without
+# most of XLA's optimisation passes — here also in the processes the tests
+# start (training workers, the studies' scripts), which do not read the
+# conftest. TEST_COMPILE=all: everything compiled and optimised.
+if [ "${TEST_COMPILE:-marked}" = marked ]; then
+  export JAX_DISABLE_MOST_OPTIMIZATIONS="${JAX_DISABLE_MOST_OPTIMIZATIONS:-1}"
+fi
+
 # Compiled programs are kept on disk for this run only (TEST_COMPILE_CACHE=0:
 # not at all), so that the many pytest processes and the killed-and-resumed
 # workers they start compile a tiny model's step once rather than in each:

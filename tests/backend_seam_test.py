@@ -3,6 +3,7 @@ function being traced, make no import (AutoGraph would try to convert
 `importlib`'s `_gcd_import` and warn in every TensorFlow `generate`)."""
 
 import importlib
+import os
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from keras_mogrifier import backend
 from keras_mogrifier.data import Vocabulary
 from keras_mogrifier.evaluation import DynamicEvaluator
 from keras_mogrifier.models import LanguageModel
+import testing
 
 
 def test_get_backend_module_imports_once(monkeypatch):
@@ -66,3 +68,44 @@ def test_what_auto_jit_compile_means_on_each_backend():
     assert next(iter(evaluator._steps._built))[2] is many
     model.layers[-1].supports_jit = False  # e.g. Keras's cuDNN LSTM on TensorFlow
     assert seam.default_jit_compile(model) is (name == "jax")
+
+
+# The suite's own modes (tests/conftest.py): on TensorFlow, tf.functions run
+# op by op unless a test runs compiled; JAX compiles quickly. Each assertion
+# fails if the conftest hook that sets the mode is deleted.
+_QUICK = os.environ.get("TEST_COMPILE", "marked") == "marked"
+
+
+def _functions_run_eagerly():
+    import tensorflow as tf
+
+    return tf.config.functions_run_eagerly()
+
+
+@testing.backend_specific("tensorflow", reason="the op-by-op mode is TensorFlow's")
+def test_the_suite_runs_tensorflow_op_by_op_unless_a_test_runs_compiled():
+    assert _functions_run_eagerly() == _QUICK
+
+
+@testing.backend_specific("tensorflow", reason="the op-by-op mode is TensorFlow's")
+@pytest.mark.compiled
+def test_a_test_marked_compiled_runs_compiled():
+    assert not _functions_run_eagerly()
+
+
+@testing.backend_specific("tensorflow", reason="the op-by-op mode is TensorFlow's")
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_the_xla_half_of_a_jit_compile_parametrisation_runs_compiled(jit_compile):
+    assert _functions_run_eagerly() == (_QUICK and not jit_compile)
+
+
+def test_the_switches_say_whether_the_backend_has_them():
+    import keras
+
+    name = keras.backend.backend()
+    assert backend.run_functions_eagerly(_QUICK) == (name == "tensorflow")
+    assert backend.optimize_compiled_code(not _QUICK) == (name == "jax")
+    if name == "jax":
+        import jax
+
+        assert jax.config.read("jax_disable_most_optimizations") == _QUICK
