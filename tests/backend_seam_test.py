@@ -87,10 +87,19 @@ def test_the_suite_runs_tensorflow_op_by_op_unless_a_test_runs_compiled():
     assert _functions_run_eagerly() == _QUICK
 
 
-@testing.backend_specific("tensorflow", reason="the op-by-op mode is TensorFlow's")
+@testing.backend_specific(
+    "tensorflow", "jax", reason="the quick modes are TensorFlow's and JAX's"
+)
 @pytest.mark.compiled
-def test_a_test_marked_compiled_runs_compiled():
-    assert not _functions_run_eagerly()
+def test_a_test_marked_compiled_runs_compiled_and_optimised():
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        assert not _functions_run_eagerly()
+    else:
+        import jax
+
+        assert not jax.config.read("jax_disable_most_optimizations")
 
 
 @testing.backend_specific("tensorflow", reason="the op-by-op mode is TensorFlow's")

@@ -31,7 +31,10 @@ def _float32_policy():
 #   is faster —, every test given `jit_compile=True`, and the folders below.
 # - JAX compiles without most of XLA's optimisation passes
 #   (`backend.optimize_compiled_code(False)`): the same computation, compiled
-#   faster; JAX has no faster op-by-op mode.
+#   faster; JAX has no faster op-by-op mode. The tests that run compiled
+#   (below) get XLA's optimisations, as users do: one of them checks that
+#   a text scores bitwise the same in groups of different sizes, which
+#   holds with them and not without (a last-bit difference).
 # PyTorch runs eagerly anyway. A fixture of wider scope runs in the mode of
 # the first test that sets it up. Measured: docs/testing.md.
 # The folders' tests train for hundreds of steps: compiled once, they run
@@ -61,7 +64,9 @@ def _quick_by_default():
 def pytest_runtest_setup(item):
     # Before the item's fixtures are set up, so that a module's fixture
     # (a model trained once for its tests) runs in its first test's mode.
-    backend.run_functions_eagerly(_quick_by_default() and not _runs_compiled(item))
+    quick = _quick_by_default() and not _runs_compiled(item)
+    backend.run_functions_eagerly(quick)
+    backend.optimize_compiled_code(not quick)
 
 
 # === Tests that run once per suite ===

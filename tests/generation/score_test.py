@@ -36,6 +36,7 @@ def test_score_equals_evaluate_on_the_same_text():
     np.testing.assert_allclose(-result["token_log_probabilities"], static["token_losses"][0], atol=1e-5)
 
 
+@pytest.mark.compiled  # bitwise across group sizes: XLA's optimisations on (tests/conftest.py)
 def test_per_token_log_probabilities_of_a_batch_of_texts():
     model = make_model(dual=True, cell="rlstm")
     texts = ["the company said", "<eos> the stock fell in the first quarter <eos>", "a N"]
