@@ -53,7 +53,7 @@ def adapt_to(evaluator, document, vocabulary, verbose):
             {"ids": streams[0], "prior": theta_g, "variables": variables,
              "vocabulary": vocab}
         )
-        yield model
+        yield evaluator._model  # the user's model (not its keras-hub wrapper)
     finally:
         del documents[depth:]
         _recurrent_state.assign(variables, theta_g)

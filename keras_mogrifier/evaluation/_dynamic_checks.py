@@ -194,6 +194,52 @@ def model_vocabulary_limit(model):
     return min(limits) if limits else None
 
 
+def context_window(model, context_length, segment_length):
+    """`K`, the window each segment is scored in, or `None`; or a ValueError.
+
+    A model that carries its recurrent state across segments reads its
+    context from that state: `None`, and a `context_length` is refused. A
+    model without carried state reads each segment in a window of
+    `context_length` tokens (default: the model's maximum, see
+    `_token_model.maximum_length`; a keras-hub model without one needs
+    `context_length`; any other model without one reads each segment
+    alone, as before windows existed).
+    """
+    from keras_mogrifier.evaluation import _token_model
+
+    maximum = _token_model.maximum_length(model)
+    if _recurrent_state.state_variables(model):
+        if context_length is not None:
+            raise ValueError(
+                "Expected `context_length=None` for a model that carries its "
+                "recurrent state from segment to segment (its context is that "
+                f"state). Received: context_length={context_length}"
+            )
+        return None
+    if context_length is None:
+        if maximum is None and isinstance(model, _token_model.TokenLogits):
+            raise ValueError(
+                "Expected `context_length` (the tokens each segment is scored "
+                f"with) for {type(model.wrapped).__name__}, which has no "
+                "maximum sequence length of its own. Received: context_length=None"
+            )
+        context_length = maximum
+        if context_length is None:
+            return None
+    elif maximum is not None and context_length > maximum:
+        raise ValueError(
+            f"Expected `context_length` to be at most the model's maximum "
+            f"sequence length ({maximum}). Received: context_length={context_length}"
+        )
+    if context_length < segment_length:
+        raise ValueError(
+            "Expected `context_length` to be at least `segment_length` "
+            f"({segment_length}): a segment is scored in one window. "
+            f"Received: context_length={context_length}"
+        )
+    return context_length
+
+
 def check_batch_size(model, batch_size, subject):
     message = _recurrent_state.batch_size_error(model, batch_size, subject)
     if message:

@@ -12,6 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_mogrifier import _validation
+from keras_mogrifier.evaluation import _documents
 from keras_mogrifier.evaluation import _dynamic_checks as checks
 from keras_mogrifier.evaluation import _recurrent_state
 from keras_mogrifier.evaluation._stream_scoring import progress_verbosity
@@ -67,7 +68,19 @@ def run(
     callbacks = checks.check_callbacks(callbacks)
     _validation.optional_positive_int("batch_size", batch_size)
     model = evaluator._require_model()
-    streams = checks.as_streams(x, "x", evaluator._vocabulary_limit(model))
+    limit = evaluator._vocabulary_limit(model)
+    documents = None
+    if evaluator.reset == "document" and not keep_adapted:
+        # Each document from θ_g and a zero state (`_documents`).
+        if callbacks:
+            raise ValueError(
+                "Expected no `callbacks` with `reset='document'` (documents "
+                f"are scored one by one). Received: {len(callbacks)} callbacks"
+            )
+        documents = _documents.split(x, evaluator.separator, limit)
+        streams = None
+    else:
+        streams = checks.as_streams(x, "x", limit)
 
     variables, rms, hyperparameters = [], [], None
     stream_size = checks.per_stream_size(model)
@@ -82,6 +95,12 @@ def run(
                     "`adaptation_kernel` matrices to adapt streams in "
                     f"parallel). Received: batch_size={batch_size}"
                 )
+    if documents is not None and stream_size is not None:
+        raise ValueError(
+            "Expected shared adapted weights with `reset='document'` (documents "
+            "are scored one at a time). Received: a model with per-stream "
+            f"`adaptation_kernel` matrices ({stream_size} streams)"
+        )
     if batch_size is None:
         batch_size = stream_size or 1
     if stream_size is not None and batch_size != stream_size:
@@ -91,14 +110,16 @@ def run(
         )
     checks.check_batch_size(model, batch_size, "`batch_size`")
     segment_length = evaluator.segment_length
-    checks.check_output(model, batch_size, segment_length)
+    # A model without carried state: each segment in a window of `width`.
+    width = evaluator._context_window(model)
+    checks.check_output(model, batch_size, width or segment_length)
 
     settings = evaluator.settings()
     # Many segments per compiled call (no host round trip between them),
     # unless callbacks were given: they see the model after every
     # segment, so each segment is then a call of its own.
     per_call = 1 if callbacks else segments_per_call
-    if not adapt and scores_windows_whole(model):
+    if not adapt and width is None and scores_windows_whole(model):
         # Nothing changes the weights between segments: a call's `K`
         # segments are one window of `K · n` tokens for a model whose state
         # carries from call to call (the same steps, fewer calls), in
@@ -125,12 +146,6 @@ def run(
                 )
             return np.concatenate(losses, axis=0)
 
-        results, token_losses = score_stream(
-            model, streams, batch_size, segment_length, score_segments,
-            callbacks=callbacks, verbose=verbose,
-            stop_on_divergence=stop_on_divergence, settings=settings,
-            segments_per_call=per_call,
-        )
     elif not adapt:
         forward_loop = evaluator._step("forward_loop", [])
 
@@ -140,21 +155,10 @@ def run(
             )
             return checks.host_array(losses)
 
-        results, token_losses = score_stream(
-            model, streams, batch_size, segment_length, score_segments,
-            callbacks=callbacks, verbose=verbose,
-            stop_on_divergence=stop_on_divergence, settings=settings,
-            segments_per_call=per_call,
-        )
     else:
         adaptation_loop = evaluator._step("adaptation_loop", variables)
         theta_g = _recurrent_state.snapshot(variables)
         constants = (theta_g, rms, hyperparameters)
-
-        def start_group(group):
-            # Every stream (group of streams) starts from θ_g.
-            if group > 0:
-                _recurrent_state.assign(variables, theta_g)
 
         def score_segments(x, y, w, group, first):
             # Each stream's mean segment loss; their sum is the objective,
@@ -165,19 +169,32 @@ def run(
                 ops.convert_to_tensor(v),
             ))
 
-        completed = False
-        try:
-            results, token_losses = score_stream(
-                model, streams, batch_size, segment_length, score_segments,
-                start_group=start_group, callbacks=callbacks, verbose=verbose,
-                stop_on_divergence=stop_on_divergence, settings=settings,
-                keep_final_state=keep_adapted,
-                segments_per_call=per_call,
+    def restart():
+        # Every stream (group of streams, document) starts from θ_g.
+        if adapt:
+            _recurrent_state.assign(variables, theta_g)
+
+    def score(streams, callbacks=None, verbose=0, keep_final_state=False):
+        return score_stream(
+            model, streams, batch_size, segment_length, score_segments,
+            start_group=lambda group: group > 0 and restart(), callbacks=callbacks,
+            verbose=verbose, stop_on_divergence=stop_on_divergence,
+            settings=settings, keep_final_state=keep_final_state,
+            segments_per_call=per_call, context_length=width,
+        )
+
+    completed = False
+    try:
+        if documents is None:
+            results, token_losses = score(streams, callbacks, verbose, keep_adapted)
+        else:
+            results, token_losses = _documents.score(
+                *documents, score, restart, segment_length, per_call, verbose
             )
-            completed = True
-        finally:
-            if not (keep_adapted and completed):
-                _recurrent_state.assign(variables, theta_g)
+        completed = True
+    finally:
+        if adapt and not (keep_adapted and completed):
+            _recurrent_state.assign(variables, theta_g)
     if return_token_losses:
         results["token_losses"] = token_losses
     return results

@@ -21,8 +21,9 @@ def collect(evaluator, data, steps, batch_size, segment_length):
     _validation.optional_positive_int("steps", steps)
     _validation.positive_int("batch_size", batch_size)
     _validation.optional_positive_int("segment_length", segment_length)
-    n = segment_length or evaluator.segment_length
     model = evaluator._require_model()
+    # A model without carried state learns from windows of its context.
+    n = segment_length or evaluator._context_window(model) or evaluator.segment_length
     variables = evaluator.adapted_variables()
     per_stream = [checks.is_per_stream(v) for v in variables]
     limit = evaluator._vocabulary_limit(model)

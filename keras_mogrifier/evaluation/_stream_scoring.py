@@ -41,6 +41,7 @@ def score_stream(
     settings=None,
     keep_final_state=False,
     segments_per_call=1,
+    context_length=None,
 ):
     """Scores `streams` segment by segment and returns the report.
 
@@ -79,6 +80,16 @@ def score_stream(
             error the state is restored all the same.
         segments_per_call: int. The most segments `score_segments` scores
             at once. Defaults to `1`.
+        context_length: int or `None`. For a model without carried state:
+            each segment is given to `score_segments` in a window of
+            `W = min(context_length, padded length)` columns that ends with
+            its last input (or the first `W` columns, when the segment ends
+            before column `W`: a causal model's scores of the earlier
+            columns do not depend on the later ones), so `x`, `y` and `w`
+            are `(K, batch, W)`, `w` non-zero on the segment's own columns
+            only, and `score_segments` returns `(K, batch, W)` losses of
+            which the segment's columns are kept. Defaults to `None` (the
+            segment alone, `(K, batch, n)`).
 
     Returns:
         `(report, token_losses)`: the report holds `loss` (token-weighted mean
@@ -112,6 +123,49 @@ def score_stream(
         return np.ascontiguousarray(
             block.reshape(block.shape[0], count, n).transpose(1, 0, 2)
         )
+
+    width = None if context_length is None else min(context_length, inputs.shape[1])
+
+    def spans(first, count, end):
+        # Each segment's (start of its window, its first and last column + 1).
+        out = []
+        for k in range(count):
+            s = first + k
+            stop = end if end is not None else (s + 1) * n
+            start = min(max(0, stop - width), inputs.shape[1] - width)
+            out.append((start, s * n, stop))
+        return out
+
+    def by_window(array, rows, windows):
+        return np.ascontiguousarray(
+            np.stack([array[rows, start : start + width] for start, _, _ in windows])
+        )
+
+    def score_call(rows, group, first, count, end):
+        # `score_segments` on the call's segments (alone or in their
+        # windows); returns their weights and losses, `(K, batch, n)` (or
+        # the short last segment's columns).
+        w = by_segment(weights, rows, first, count, end)
+        if width is None:
+            losses = score_segments(
+                by_segment(inputs, rows, first, count, end),
+                by_segment(targets, rows, first, count, end),
+                w, group, first,
+            )
+            return w, losses
+        windows = spans(first, count, end)
+        window_weights = np.zeros((count, w.shape[1], width), "float32")
+        for k, (start, low, high) in enumerate(windows):
+            window_weights[k, :, low - start : high - start] = weights[rows, low:high]
+        window_losses = np.asarray(score_segments(
+            by_window(inputs, rows, windows), by_window(targets, rows, windows),
+            window_weights, group, first,
+        ))
+        losses = np.stack([
+            window_losses[k, :, low - start : high - start]
+            for k, (start, low, high) in enumerate(windows)
+        ])
+        return w, losses
 
     # The calls: (first segment, segments, last column or None). With
     # `keep_final_state`, a short last segment is a call of its own, so that
@@ -156,12 +210,7 @@ def score_stream(
             for first, count, end in calls:
                 if count == 1:
                     callback_list.on_test_batch_begin(group * num_segments + first)
-                w = by_segment(weights, rows, first, count, end)
-                token_losses = score_segments(
-                    by_segment(inputs, rows, first, count, end),
-                    by_segment(targets, rows, first, count, end),
-                    w, group, first,
-                )
+                w, token_losses = score_call(rows, group, first, count, end)
                 chunk = np.asarray(token_losses, "float32") * w
                 for k in range(count):
                     s = first + k
@@ -205,17 +254,23 @@ def score_stream(
         for g in range(num_groups)
     ]
     token_losses = np.concatenate(per_group, axis=0)[:num_streams, :predicted]
+    results = summary(token_losses)
+    callback_list.on_test_end(
+        {k: results[k] for k in ("loss", "perplexity", "bits_per_token")}
+    )
+    return results, token_losses
+
+
+def summary(token_losses):
+    """The report of token losses: `loss` (mean nats), `perplexity`,
+    `bits_per_token` and `num_tokens`."""
     loss = float(np.sum(token_losses, dtype="float64") / token_losses.size)
-    results = {
+    return {
         "loss": loss,
         "perplexity": safe_exp(loss),
         "bits_per_token": loss / math.log(2.0),
         "num_tokens": int(token_losses.size),
     }
-    callback_list.on_test_end(
-        {k: results[k] for k in ("loss", "perplexity", "bits_per_token")}
-    )
-    return results, token_losses
 
 
 def progress_verbosity(verbose):

@@ -12,9 +12,11 @@ import keras
 from keras_mogrifier import _validation
 from keras_mogrifier.evaluation import _adaptation_step
 from keras_mogrifier.evaluation import _adaptive_generation
+from keras_mogrifier.evaluation import _documents
 from keras_mogrifier.evaluation import _dynamic_checks
 from keras_mogrifier.evaluation import _dynamic_pass
 from keras_mogrifier.evaluation import _gradient_statistics
+from keras_mogrifier.evaluation import _token_model
 from keras_mogrifier.evaluation import update_rules
 from keras_mogrifier.evaluation._dynamic_checks import ADAPTATION_KERNEL_NAME  # noqa: F401
 from keras_mogrifier.evaluation._dynamic_checks import checked_property as _checked
@@ -163,6 +165,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
         decay_rate=2e-3,
         epsilon=2e-5,
         segment_length=5,
+        context_length=None,
+        reset="never",
+        separator=None,
         normalizer="tensor_mean",
         update_rule="rms_rms_prior",
         variables=None,
@@ -187,6 +192,10 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self.decay_rate = decay_rate
         self.epsilon = epsilon
         self.segment_length = segment_length
+        self.context_length = context_length
+        self.reset = reset
+        _documents.check_separator(separator, vocabulary_size)
+        self.separator = separator
         self.normalizer = normalizer
         self.update_rule = update_rule
         self.variables = variables
@@ -204,9 +213,15 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self._statistics = None  # (variables, [MS_g tensors in the variables' shapes])
         self.adaptation_results = None  # what `adapt_to` scored while adapting
         self._adapted_documents = []  # the enclosing `adapt_to` blocks
+        self._token_model = None  # (the model, the `ids -> logits` model run)
         if model is not None:
-            self._vocabulary_limit(model)  # a larger `vocabulary_size`: refused
             self.set_model(model)
+            token_model = model
+            if model.built:
+                token_model = self._require_model()
+                self._context_window(token_model)  # a `context_length` it cannot read
+            limit = self._vocabulary_limit(token_model)  # a larger `vocabulary_size`: refused
+            _documents.check_separator(separator, limit)  # an id beyond the vocabulary
 
     # === Hyperparameters (validated whenever set) ===
 
@@ -214,6 +229,8 @@ class DynamicEvaluator(keras.callbacks.Callback):
     decay_rate = _checked("decay_rate", _validation.non_negative_float)
     epsilon = _checked("epsilon", _validation.positive_float)
     segment_length = _checked("segment_length", _validation.positive_int)
+    context_length = _checked("context_length", _validation.optional_positive_int)
+    reset = _checked("reset", _validation.one_of, _documents.RESETS)
     update_rule = _checked("update_rule", _validation.one_of, update_rules.UPDATE_RULES)
     normalizer = _checked("normalizer", _validation.one_of, NORMALIZERS)
 
@@ -488,7 +505,17 @@ class DynamicEvaluator(keras.callbacks.Callback):
     # === Internals ===
 
     def _require_model(self):
-        return _dynamic_checks.require_model(self._model)
+        """The `ids -> logits` model run: the model, or its keras-hub wrapper."""
+        model = _dynamic_checks.require_model(self._model)
+        if self._token_model is None or self._token_model[0] is not model:
+            self._token_model = (model, _token_model.token_model(model))
+        return self._token_model[1]
+
+    def _context_window(self, model):
+        """`K`, the window each segment is scored in, or `None` (carried state)."""
+        return _dynamic_checks.context_window(
+            model, self.context_length, self.segment_length
+        )
 
     def _vocabulary_limit(self, model):
         return _dynamic_checks.vocabulary_limit(model, self.vocabulary_size)
@@ -500,5 +527,6 @@ class DynamicEvaluator(keras.callbacks.Callback):
     def _step(self, kind, variables, per_stream=None):
         """The compiled function `kind` for `variables` (see `CompiledSteps.get`)."""
         return self._steps.get(
-            self._model, kind, variables, self.jit_compile, self.update_rule, per_stream
+            self._require_model(), kind, variables, self.jit_compile, self.update_rule,
+            per_stream,
         )
