@@ -7,6 +7,9 @@ conversions of its arguments (`_dynamic_checks`), the gradient statistics
 adaptive generation (`_adaptive_generation`). They never import this module.
 """
 
+import contextlib
+import functools
+
 import keras
 
 from keras_mogrifier import _validation
@@ -16,6 +19,7 @@ from keras_mogrifier.evaluation import _documents
 from keras_mogrifier.evaluation import _dynamic_checks
 from keras_mogrifier.evaluation import _dynamic_pass
 from keras_mogrifier.evaluation import _gradient_statistics
+from keras_mogrifier.evaluation import _lora
 from keras_mogrifier.evaluation import _token_model
 from keras_mogrifier.evaluation import update_rules
 from keras_mogrifier.evaluation._dynamic_checks import ADAPTATION_KERNEL_NAME  # noqa: F401
@@ -23,6 +27,17 @@ from keras_mogrifier.evaluation._dynamic_checks import checked_property as _chec
 from keras_mogrifier.evaluation._stream_scoring import SEGMENTS_PER_CALL
 
 NORMALIZERS = ("tensor_mean", "global_mean")
+
+
+def _with_lora(method):
+    """Runs `method` with the evaluator's LoRA factors attached (if any)."""
+
+    @functools.wraps(method)
+    def wrapped(self, *args, **kwargs):
+        with self._adaptation_scope():
+            return method(self, *args, **kwargs)
+
+    return wrapped
 
 
 class DynamicEvaluator(keras.callbacks.Callback):
@@ -134,7 +149,10 @@ class DynamicEvaluator(keras.callbacks.Callback):
     Example:
 
     >>> import numpy as np
-    >>> import keras
+    >>> import contextlib
+import functools
+
+import keras
     >>> from keras_mogrifier.evaluation import DynamicEvaluator
     >>> model = keras.Sequential([
     ...     keras.Input(batch_shape=(1, None), dtype="int32"),
@@ -172,6 +190,8 @@ class DynamicEvaluator(keras.callbacks.Callback):
         update_rule="rms_rms_prior",
         variables=None,
         sparse=False,
+        lora_rank=None,
+        lora_alpha=None,
         vocabulary_size=None,
         jit_compile="auto",
         validation_data=None,
@@ -183,6 +203,13 @@ class DynamicEvaluator(keras.callbacks.Callback):
         verbose=0,
     ):
         super().__init__()
+        _lora.check_lora(lora_rank, lora_alpha)
+        if lora_rank is not None and (sparse or variables is not None):
+            raise ValueError(
+                "Expected one way of choosing the adapted variables: "
+                "`lora_rank`, `sparse=True` or `variables`. Received: "
+                f"lora_rank={lora_rank}, sparse={sparse!r}, variables={variables!r}"
+            )
         _dynamic_checks.check_constructor_arguments(
             model, variables, sparse, jit_compile, vocabulary_size, gradient_steps,
             gradient_batch_size, validation_batch_size, frequency, verbose,
@@ -200,6 +227,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self.update_rule = update_rule
         self.variables = variables
         self.sparse = sparse
+        self.lora_rank = lora_rank
+        self.lora_alpha = lora_alpha
+        self._lora = None  # (the model run, its `LoraAdapters`)
         self.vocabulary_size = vocabulary_size
         self.jit_compile = jit_compile
         self.validation_data = validation_data
@@ -220,6 +250,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
             if model.built:
                 token_model = self._require_model()
                 self._context_window(token_model)  # a `context_length` it cannot read
+                self._lora_adapters()  # `lora_rank` on a model without LoRA layers
             limit = self._vocabulary_limit(token_model)  # a larger `vocabulary_size`: refused
             _documents.check_separator(separator, limit)  # an id beyond the vocabulary
 
@@ -236,8 +267,15 @@ class DynamicEvaluator(keras.callbacks.Callback):
 
     # === Adapted variables and statistics ===
 
+    @_with_lora
     def adapted_variables(self):
-        """The model's variables that dynamic evaluation adapts (a list)."""
+        """The model's variables that dynamic evaluation adapts (a list).
+
+        With `lora_rank`, the LoRA factors `[A, B]` of every layer that
+        takes LoRA (they belong to the model only while the evaluator runs).
+        """
+        if self.lora_rank is not None:
+            return self._lora_adapters().variables()
         return _dynamic_checks.select_adapted_variables(
             self._require_model(), self.sparse, self.variables
         )
@@ -252,6 +290,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         return _gradient_statistics.as_numpy(self._statistics)
 
     @gradient_statistics.setter
+    @_with_lora
     def gradient_statistics(self, values):
         if values is None:
             self._statistics = None
@@ -259,6 +298,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
         self._statistics = _gradient_statistics.from_values(self.adapted_variables(), values)
 
     @_validation.ids_checked()  # here, once (the model's calls need not)
+    @_with_lora
     def collect_gradient_statistics(self, data, steps=None, batch_size=100, segment_length=None):
         """Gathers `MS_g`, the mean squared minibatch gradient, on training data.
 
@@ -397,8 +437,15 @@ class DynamicEvaluator(keras.callbacks.Callback):
             evaluator.generate(max_length=30, sampler="top_k")  # continues it
         ```
         """
-        return _adaptive_generation.adapt_to(self, document, vocabulary, verbose)
+        return self._adapted(document, vocabulary, verbose)
 
+    @contextlib.contextmanager
+    def _adapted(self, document, vocabulary, verbose):
+        with self._adaptation_scope():
+            with _adaptive_generation.adapt_to(self, document, vocabulary, verbose) as model:
+                yield model
+
+    @_with_lora
     def generate(
         self,
         max_length,
@@ -457,6 +504,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
             vocabulary=vocabulary, jit_compile=jit_compile,
         )
 
+    @_with_lora
     def _evaluate(self, x, batch_size, callbacks, verbose, adapt, return_token_losses,
                   stop_on_divergence, keep_adapted):
         # `evaluate`; with `keep_adapted`, the adapted weights stay in the
@@ -510,6 +558,22 @@ class DynamicEvaluator(keras.callbacks.Callback):
         if self._token_model is None or self._token_model[0] is not model:
             self._token_model = (model, _token_model.token_model(model))
         return self._token_model[1]
+
+    def _lora_adapters(self):
+        """The `LoraAdapters` of the model run (`lora_rank`), or `None`."""
+        if self.lora_rank is None:
+            return None
+        model = self._require_model()
+        if self._lora is None or self._lora[0] is not model or (
+            (self._lora[1].rank, self._lora[1].alpha) != (self.lora_rank, self.lora_alpha)
+        ):
+            self._lora = (model, _lora.LoraAdapters(model, self.lora_rank, self.lora_alpha))
+        return self._lora[1]
+
+    def _adaptation_scope(self):
+        """A block in which the model holds its LoRA factors (with `lora_rank`)."""
+        adapters = self._lora_adapters() if self._model is not None else None
+        return adapters.attached() if adapters is not None else contextlib.nullcontext()
 
     def _context_window(self, model):
         """`K`, the window each segment is scored in, or `None` (carried state)."""
