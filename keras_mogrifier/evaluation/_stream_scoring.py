@@ -83,12 +83,12 @@ def score_stream(
         context_length: int or `None`. For a model without carried state:
             each segment is given to `score_segments` in a window of
             `W = min(context_length, padded length)` columns that ends with
-            its last input (or the first `W` columns, when the segment ends
-            before column `W`: a causal model's scores of the earlier
+            its last real input (or the first `W` columns, when the segment
+            ends before column `W`: a causal model's scores of the earlier
             columns do not depend on the later ones), so `x`, `y` and `w`
-            are `(K, batch, W)`, `w` non-zero on the segment's own columns
-            only, and `score_segments` returns `(K, batch, W)` losses of
-            which the segment's columns are kept. Defaults to `None` (the
+            are `(K, batch, W)`, `w` non-zero on the segment's own real
+            columns only, and `score_segments` returns `(K, batch, W)`
+            losses of which those columns are kept. Defaults to `None` (the
             segment alone, `(K, batch, n)`).
 
     Returns:
@@ -127,11 +127,13 @@ def score_stream(
     width = None if context_length is None else min(context_length, inputs.shape[1])
 
     def spans(first, count, end):
-        # Each segment's (start of its window, its first and last column + 1).
+        # Each segment's window start, first column and last real column + 1
+        # (the window ends with the segment's last real input: padding
+        # columns are scored in no window, their loss is 0).
         out = []
         for k in range(count):
             s = first + k
-            stop = end if end is not None else (s + 1) * n
+            stop = min(end if end is not None else (s + 1) * n, predicted)
             start = min(max(0, stop - width), inputs.shape[1] - width)
             out.append((start, s * n, stop))
         return out
@@ -161,10 +163,9 @@ def score_stream(
             by_window(inputs, rows, windows), by_window(targets, rows, windows),
             window_weights, group, first,
         ))
-        losses = np.stack([
-            window_losses[k, :, low - start : high - start]
-            for k, (start, low, high) in enumerate(windows)
-        ])
+        losses = np.zeros(w.shape, "float32")
+        for k, (start, low, high) in enumerate(windows):
+            losses[k, :, : high - low] = window_losses[k, :, low - start : high - start]
         return w, losses
 
     # The calls: (first segment, segments, last column or None). With

@@ -1,0 +1,326 @@
+"""Dynamic evaluation of any Keras language model (issue 41).
+
+Context windows for models without carried state, against a NumPy
+reference of sliding-window scoring and SGD adaptation; document resets;
+keras-hub causal LMs and backbones; LoRA factors that leave the model exactly
+as it was; score-first, for every model family and adaptation mode; and the
+clear errors of bad input, before anything changes.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_mogrifier.evaluation import DynamicEvaluator
+from keras_mogrifier.models import LanguageModel
+
+from testing import to_numpy
+
+VOCAB = 11
+
+
+class CausalMean(keras.layers.Layer):
+    """`h_t` = the mean of the inputs up to `t` of the window (causal)."""
+
+    def call(self, x):
+        counts = ops.cast(ops.arange(1, ops.shape(x)[1] + 1), x.dtype)
+        return ops.cumsum(x, axis=1) / counts[None, :, None]
+
+
+def mean_model(seed=0):
+    """Embedding → causal mean → Dense: no carried state, context matters."""
+    model = keras.Sequential([
+        keras.Input((None,), dtype="int32"),
+        keras.layers.Embedding(VOCAB, 4),
+        CausalMean(),
+        keras.layers.Dense(VOCAB),
+    ])
+    rng = np.random.default_rng(seed)
+    for v in model.trainable_variables:
+        v.assign(rng.uniform(-1.0, 1.0, size=v.shape).astype("float32"))
+    return model
+
+
+def reference_losses(stream, embeddings, kernel, bias, context, n, eta, decay):
+    """Sliding-window scoring with SGD on `kernel, bias` (eq. 4), in float64.
+
+    Segment by segment: its targets `stream[s0 + 1 : s1 + 1]` are scored in
+    the window `stream[max(0, s1 - context) : s1]` (the `context` tokens
+    ending with its last input), then `θ ← θ − η g + λ (θ_g − θ)` with `g`
+    the gradient of the segment's mean loss.
+    """
+    e = embeddings.astype("float64")
+    w0, b0 = kernel.astype("float64"), bias.astype("float64")
+    w, b = w0.copy(), b0.copy()
+    losses = []
+    predicted = len(stream) - 1
+    for s0 in range(0, predicted, n):
+        s1 = min(s0 + n, predicted)
+        start = max(0, s1 - context)
+        window = stream[start:s1]
+        h = np.cumsum(e[window], axis=0) / np.arange(1, len(window) + 1)[:, None]
+        h = h[s0 - start :]
+        logits = h @ w + b
+        logits -= logits.max(-1, keepdims=True)
+        p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        y = stream[s0 + 1 : s1 + 1]
+        losses.extend(-np.log(p[np.arange(len(y)), y]))
+        g = p.copy()
+        g[np.arange(len(y)), y] -= 1.0
+        g /= len(y)
+        gw, gb = h.T @ g, g.sum(0)
+        w, b = w - eta * gw + decay * (w0 - w), b - eta * gb + decay * (b0 - b)
+    return np.array(losses)
+
+
+@pytest.mark.parametrize("context", [7, 100])
+def test_windows_and_adaptation_match_a_numpy_reference(context):
+    model = mean_model()
+    stream = np.random.default_rng(1).integers(0, VOCAB, 41)
+    embeddings, kernel, bias = (to_numpy(v) for v in model.trainable_variables)
+    dense = model.layers[-1]
+    ev = DynamicEvaluator(
+        model, update_rule="sgd", learning_rate=0.3, decay_rate=0.05,
+        segment_length=3, context_length=context, variables=dense.trainable_variables,
+    )
+    static = ev.evaluate(stream, adapt=False, verbose=0, return_token_losses=True)
+    dynamic = ev.evaluate(stream, verbose=0, return_token_losses=True)
+    np.testing.assert_allclose(
+        static["token_losses"][0],
+        reference_losses(stream, embeddings, kernel, bias, context, 3, 0.0, 0.0),
+        rtol=1e-5, atol=1e-5,
+    )
+    np.testing.assert_allclose(
+        dynamic["token_losses"][0],
+        reference_losses(stream, embeddings, kernel, bias, context, 3, 0.3, 0.05),
+        rtol=1e-5, atol=1e-5,
+    )
+    assert dynamic["num_tokens"] == 40
+    # The trained weights are back.
+    for v, value in zip(model.trainable_variables, (embeddings, kernel, bias)):
+        np.testing.assert_array_equal(to_numpy(v), value)
+
+
+def test_document_reset_scores_each_document_as_a_stream_of_its_own():
+    model = mean_model()
+    rng = np.random.default_rng(2)
+    stream = rng.integers(1, VOCAB, 40)
+    stream[[0, 9, 10, 26]] = 0  # separators: a document per boundary
+    options = dict(
+        update_rule="sgd", learning_rate=0.5, decay_rate=0.0, segment_length=3,
+        context_length=6,
+    )
+    never = DynamicEvaluator(model, **options).evaluate(
+        stream, verbose=0, return_token_losses=True
+    )
+    ev = DynamicEvaluator(model, reset="document", separator=0, **options)
+    documents = ev.evaluate(stream, verbose=0, return_token_losses=True)
+    assert documents["num_tokens"] == never["num_tokens"] == 39
+    # The documents [0..9], [9, 10], [10..26], [26..39]: each alone.
+    alone = DynamicEvaluator(model, **options)
+    pieces = [(0, 10), (9, 11), (10, 27), (26, 40)]
+    expected = np.concatenate([
+        alone.evaluate(stream[a:b], verbose=0, return_token_losses=True)["token_losses"][0]
+        for a, b in pieces
+    ])
+    np.testing.assert_allclose(documents["token_losses"][0], expected, rtol=1e-6, atol=1e-6)
+    # Resetting changes what the later documents are scored with.
+    assert np.abs(documents["token_losses"][0] - never["token_losses"][0]).max() > 1e-3
+    # The same documents as a list give the same scores, as a list.
+    listed = ev.evaluate(
+        [stream[a:b] for a, b in pieces], verbose=0, return_token_losses=True
+    )
+    np.testing.assert_allclose(
+        np.concatenate(listed["token_losses"]), expected, rtol=1e-6, atol=1e-6
+    )
+
+
+def test_document_reset_restarts_the_carried_state():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input(batch_shape=(1, None), dtype="int32"),
+        keras.layers.Embedding(VOCAB, 4),
+        keras.layers.LSTM(5, stateful=True, return_sequences=True),
+        keras.layers.Dense(VOCAB),
+    ])
+    stream = np.random.default_rng(3).integers(1, VOCAB, 24)
+    stream[12] = 0
+    ev = DynamicEvaluator(model, reset="document", separator=[0], learning_rate=0.0)
+    ev.gradient_statistics = {v.path: np.ones(v.shape) for v in model.trainable_variables}
+    documents = ev.evaluate(stream, verbose=0, return_token_losses=True)
+    ev.reset = "never"
+    second = ev.evaluate(stream[12:], verbose=0, return_token_losses=True)
+    np.testing.assert_allclose(
+        documents["token_losses"][0, 12:], second["token_losses"][0], rtol=1e-6, atol=1e-6
+    )
+
+
+# === Every model family, every adaptation mode: score first, restored ===
+
+
+def gpt2_causal_lm():
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=8,
+        intermediate_dim=16, max_sequence_length=16,
+    )
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def opt_backbone():
+    keras_hub = pytest.importorskip("keras_hub")
+    keras.utils.set_random_seed(0)
+    return keras_hub.models.OPTBackbone(
+        vocabulary_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=8,
+        intermediate_dim=16, max_sequence_length=16,
+    )
+
+
+def keras_lstm():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.Input(batch_shape=(1, None), dtype="int32"),
+        keras.layers.Embedding(VOCAB, 6),
+        keras.layers.LSTM(6, stateful=True, return_sequences=True),
+        keras.layers.Dense(VOCAB),
+    ])
+
+
+def mogrifier_language_model():
+    keras.utils.set_random_seed(0)
+    model = LanguageModel(vocabulary_size=VOCAB, units=6, num_layers=1, batch_size=1)
+    model(np.zeros((1, 2), "int32"))
+    return model
+
+
+FAMILIES = {
+    "gpt2_causal_lm": gpt2_causal_lm,
+    "opt_backbone": opt_backbone,
+    "keras_lstm": keras_lstm,
+    "language_model": mogrifier_language_model,
+}
+MODES = {
+    "full": {},
+    "subset": {"variables": lambda v: v.trainable and "embedding" not in v.path},
+    "lora": {"lora_rank": 2},
+}
+
+
+def model_snapshot(model):
+    return [(v.path, v.trainable, to_numpy(v).copy()) for v in model.variables]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_token_is_scored_before_it_is_adapted_on(family, mode):
+    """Changing the tokens after position t leaves the scores up to t as they are.
+
+    Each token's score comes from weights adapted on the tokens before it
+    only — not on the rest of its own segment (t sits inside a segment),
+    and, for a windowed model, not on the later tokens its window holds.
+    """
+    model = FAMILIES[family]()
+    before = model_snapshot(model)
+    context = 12 if family in ("gpt2_causal_lm", "opt_backbone") else None
+    ev = DynamicEvaluator(
+        model, update_rule="sgd", learning_rate=0.5, decay_rate=0.01,
+        segment_length=4, context_length=context, **MODES[mode],
+    )
+    rng = np.random.default_rng(4)
+    stream = rng.integers(0, VOCAB, 30)
+    changed = stream.copy()
+    t = 17  # predicted token t + 1 is the 2nd of segment 4 (tokens 17..20)
+    changed[t + 2 :] = (stream[t + 2 :] + 1 + rng.integers(0, VOCAB - 1, 30 - t - 2)) % VOCAB
+    first = ev.evaluate(stream, verbose=0, return_token_losses=True)["token_losses"][0]
+    second = ev.evaluate(changed, verbose=0, return_token_losses=True)["token_losses"][0]
+    np.testing.assert_allclose(first[: t + 1], second[: t + 1], rtol=1e-6, atol=1e-6)
+    assert np.abs(first[t + 1 :] - second[t + 1 :]).max() > 1e-3
+    # It adapted: scoring without adaptation gives other losses.
+    static = ev.evaluate(stream, adapt=False, verbose=0, return_token_losses=True)
+    assert np.abs(static["token_losses"][0, 8:] - first[8:]).max() > 1e-4
+    # The model is exactly as it was: variables, flags, values, state.
+    after = model_snapshot(model)
+    assert [a[:2] for a in after] == [b[:2] for b in before]
+    for (_, _, a), (_, _, b) in zip(after, before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_keras_hub_models_default_to_their_maximum_and_match_a_direct_call():
+    model = gpt2_causal_lm()
+    ev = DynamicEvaluator(model, segment_length=4)
+    stream = np.random.default_rng(5).integers(0, VOCAB, 25)
+    static = ev.evaluate(stream, adapt=False, verbose=0, return_token_losses=True)
+    # Windows of the model's maximum, 16 tokens: the segment of inputs
+    # 20..23 is scored in the window of inputs 8..23.
+    x = stream[None, 8:24]
+    logits = to_numpy(model({"token_ids": x, "padding_mask": np.ones_like(x)}))[0]
+    logits = logits.astype("float64") - logits.max(-1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = -log_p[np.arange(12, 16), stream[21:25]]
+    np.testing.assert_allclose(static["token_losses"][0, 20:24], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_lora_is_removed_also_after_an_error():
+    model = keras_lstm()
+    before = model_snapshot(model)
+    ev = DynamicEvaluator(model, lora_rank=3, update_rule="sgd", learning_rate=1e9)
+    with pytest.raises(FloatingPointError):
+        ev.evaluate(np.arange(40) % VOCAB, verbose=0)
+    after = model_snapshot(model)
+    assert [a[:2] for a in after] == [b[:2] for b in before]
+    assert not any(layer.lora_enabled for layer in model.layers if hasattr(layer, "lora_enabled"))
+
+
+# === Bad input: a clear ValueError before anything changes ===
+
+
+def test_bad_input_is_refused_before_any_change():
+    model = mean_model()
+    before = model_snapshot(model)
+    with pytest.raises(ValueError, match="at least `segment_length`"):
+        DynamicEvaluator(model, context_length=3, segment_length=5)
+    with pytest.raises(ValueError, match="separator"):
+        DynamicEvaluator(model, separator=VOCAB)
+    with pytest.raises(ValueError, match="reset"):
+        DynamicEvaluator(model, reset="sometimes")
+    with pytest.raises(ValueError, match="one way of choosing"):
+        DynamicEvaluator(model, lora_rank=2, variables=model.trainable_variables)
+    ev = DynamicEvaluator(model, reset="document", update_rule="sgd")
+    with pytest.raises(ValueError, match="list of documents .* or a `separator`"):
+        ev.evaluate(np.arange(10), verbose=0)
+    with pytest.raises(ValueError, match="1-D sequence"):
+        ev.evaluate([np.arange(4), np.zeros((2, 2), "int32")], verbose=0)
+    with pytest.raises(ValueError, match="callbacks"):
+        ev.evaluate([np.arange(4)], verbose=0, callbacks=[keras.callbacks.Callback()])
+    after = model_snapshot(model)
+    for (_, _, a), (_, _, b) in zip(after, before):
+        np.testing.assert_array_equal(a, b)
+    # A model that carries its state reads no window.
+    with pytest.raises(ValueError, match="context_length=None"):
+        DynamicEvaluator(keras_lstm(), context_length=8)
+    # LoRA needs Dense, EinsumDense or Embedding layers.
+    no_lora = keras.Sequential([
+        keras.Input((None,), dtype="int32"),
+        keras.layers.Embedding(VOCAB, 4, embeddings_constraint="non_neg"),
+        keras.layers.Dense(VOCAB, kernel_constraint="non_neg"),
+    ])
+    with pytest.raises(ValueError, match="LoRA can be enabled on"):
+        DynamicEvaluator(no_lora, lora_rank=2)
+
+
+def test_keras_hub_bad_input():
+    keras_hub = pytest.importorskip("keras_hub")
+    model = gpt2_causal_lm()
+    with pytest.raises(ValueError, match="at most the model's maximum sequence length"):
+        DynamicEvaluator(model, context_length=17)
+    llama = keras_hub.models.LlamaBackbone(
+        vocabulary_size=VOCAB, num_layers=1, num_query_heads=2, num_key_value_heads=1,
+        hidden_dim=8, intermediate_dim=16,
+    )
+    with pytest.raises(ValueError, match="no maximum sequence length"):
+        DynamicEvaluator(llama)
+    # With a context length, a rotary model without a maximum runs.
+    ev = DynamicEvaluator(llama, context_length=8, segment_length=4, learning_rate=0.0)
+    assert ev.evaluate(np.arange(12) % VOCAB, adapt=False, verbose=0)["num_tokens"] == 11
