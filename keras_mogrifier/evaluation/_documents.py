@@ -104,7 +104,8 @@ def score(documents, layout, score_streams, restart, segment_length, per_call, v
 
     Args:
         documents, layout: from `split`.
-        score_streams: `f(streams) -> (report, token_losses)`, one stream.
+        score_streams: `f(streams, real_length=) -> (report, token_losses)`,
+            one stream whose predicted tokens after `real_length` are padding.
         restart: `f()` putting θ_g back in the adapted variables.
         segment_length: n.
         per_call: the most segments per compiled call.
@@ -123,7 +124,7 @@ def score(documents, layout, score_streams, restart, segment_length, per_call, v
             [document, np.full(length - document.shape[0], document[-1], "int32")]
         )
         try:
-            _, token_losses = score_streams(padded[None])
+            _, token_losses = score_streams(padded[None], real_length=predicted)
         except DivergenceError as error:
             stream, offset = (i, 0) if layout is None else layout[1][i]
             raise DivergenceError.at(

@@ -174,13 +174,14 @@ def run(
         if adapt:
             _recurrent_state.assign(variables, theta_g)
 
-    def score(streams, callbacks=None, verbose=0, keep_final_state=False):
+    def score(streams, callbacks=None, verbose=0, keep_final_state=False, real_length=None):
         return score_stream(
             model, streams, batch_size, segment_length, score_segments,
             start_group=lambda group: group > 0 and restart(), callbacks=callbacks,
             verbose=verbose, stop_on_divergence=stop_on_divergence,
             settings=settings, keep_final_state=keep_final_state,
             segments_per_call=per_call, context_length=width,
+            real_length=real_length,
         )
 
     completed = False

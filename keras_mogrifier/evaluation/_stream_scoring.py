@@ -42,6 +42,7 @@ def score_stream(
     keep_final_state=False,
     segments_per_call=1,
     context_length=None,
+    real_length=None,
 ):
     """Scores `streams` segment by segment and returns the report.
 
@@ -90,6 +91,9 @@ def score_stream(
             columns only, and `score_segments` returns `(K, batch, W)`
             losses of which those columns are kept. Defaults to `None` (the
             segment alone, `(K, batch, n)`).
+        real_length: int or `None`. Predicted tokens per stream that are
+            text; those after it are padding (weight 0, in no window), which
+            the caller drops from `token_losses`. Defaults to `None` (all).
 
     Returns:
         `(report, token_losses)`: the report holds `loss` (token-weighted mean
@@ -107,6 +111,8 @@ def score_stream(
     inputs[:num_streams, :predicted] = streams[:, :-1]
     targets[:num_streams, :predicted] = streams[:, 1:]
     weights[:num_streams, :predicted] = 1.0
+    real = predicted if real_length is None else min(real_length, predicted)
+    weights[:, real:] = 0.0
     # Padding streams repeat the first stream at weight 0: they run like real
     # text but count for nothing.
     inputs[num_streams:, :predicted] = streams[0, :-1]
@@ -133,7 +139,7 @@ def score_stream(
         out = []
         for k in range(count):
             s = first + k
-            stop = min(end if end is not None else (s + 1) * n, predicted)
+            stop = max(s * n, min(end if end is not None else (s + 1) * n, real))
             start = min(max(0, stop - width), inputs.shape[1] - width)
             out.append((start, s * n, stop))
         return out
