@@ -270,7 +270,10 @@ def test_lora_is_removed_also_after_an_error():
         ev.evaluate(np.arange(40) % VOCAB, verbose=0)
     after = model_snapshot(model)
     assert [a[:2] for a in after] == [b[:2] for b in before]
-    assert not any(layer.lora_enabled for layer in model.layers if hasattr(layer, "lora_enabled"))
+    for layer in model.layers:
+        assert not getattr(layer, "lora_enabled", False)
+        lora = {name for name in vars(layer) if name.startswith("lora_")}
+        assert lora <= {"lora_rank", "lora_alpha", "lora_enabled"}, (layer.name, lora)
 
 
 # === Bad input: a clear ValueError before anything changes ===
