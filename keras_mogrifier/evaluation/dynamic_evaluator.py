@@ -77,14 +77,34 @@ class DynamicEvaluator(keras.callbacks.Callback):
 
     The model maps token ids `(batch, time)` to logits `(batch, time, vocab)`;
     the evaluator computes the sparse cross-entropy from the logits itself,
-    with dropout off, so the model need not be compiled. Recurrent state is
-    carried across segments when the model keeps it in variables: the
-    `states` of stateful `keras.layers.RNN` layers, and the list
-    `recurrent_state_variables` of the model or any of its layers. A model
-    with no state variables starts every segment from a zero state, so context
-    is then not carried across segments. Afterwards the model holds its
-    trained weights and its recurrent state again, exactly, also when the
-    evaluation fails or is interrupted.
+    with dropout off, so the model need not be compiled. A keras-hub
+    `CausalLM` (GPT-2, OPT, Llama, ...) is accepted as it is (it is called
+    with an all-ones `padding_mask`), and so is a bare keras-hub backbone
+    (its hidden states projected through its `ReversibleEmbedding`).
+    Recurrent state is carried across segments when the model keeps it in
+    variables: the `states` of stateful `keras.layers.RNN` layers, and the
+    list `recurrent_state_variables` of the model or any of its layers. A
+    model without state variables (a transformer) reads its context from a
+    window instead: each segment is scored — and its gradient taken — in one
+    call on the `context_length` tokens that end with the segment's last
+    input (all there are near the start), as static sliding-window scoring
+    does; each segment then costs a forward and backward pass over the
+    window. Afterwards the model holds its trained weights and its recurrent
+    state again, exactly, also when the evaluation fails or is interrupted.
+
+    Documents: with `reset="document"` every document starts from θ_g and a
+    zero state (or no context): `evaluate` takes a list of documents, or a
+    stream cut after every `separator` token (the separator ends one
+    document and is the context-only first token of the next, so the same
+    tokens are scored as with `reset="never"`, the default, which adapts
+    across the whole stream).
+
+    LoRA (`lora_rank=r`): instead of the weights, the evaluator adapts
+    low-rank factors `A, B` (Keras 3's own `layer.enable_lora(r)`, `B = 0` at
+    first) on every `Dense`, `EinsumDense` and `Embedding` layer; they are
+    attached to the model only while the evaluator runs (inside `evaluate`,
+    `collect_gradient_statistics` and an `adapt_to` block) and removed
+    afterwards, leaving the model's variables exactly as they were.
 
     Sparse dynamic evaluation (`sparse=True`, Krause et al. §6) adapts only the
     zero-initialised `adaptation_kernel` matrices that recurrent cells create
@@ -114,6 +134,19 @@ class DynamicEvaluator(keras.callbacks.Callback):
             to `2e-5`.
         segment_length: int. n, predicted tokens per segment and per update.
             Defaults to `5`.
+        context_length: int or `None`. For a model without carried state:
+            the tokens of the window each segment is scored in (at least
+            `segment_length`, at most the model's maximum). Defaults to
+            `None`: the model's maximum sequence length (a keras-hub model
+            without one, such as Llama, needs it given; any other model
+            without one scores each segment alone). Refused for a model
+            that carries its state.
+        reset: str. `"never"` (adapt across the whole stream) or
+            `"document"` (θ_g and the state back at every document).
+            Defaults to `"never"`.
+        separator: int, a list of ints or `None`. With `reset="document"`,
+            the token id(s) that end a document in a stream. Defaults to
+            `None` (`evaluate` then takes a list of documents).
         normalizer: str. `"tensor_mean"` or `"global_mean"`, how `mean(RMS)` is
             taken. Defaults to `"tensor_mean"`.
         update_rule: str. `"rms_rms_prior"` (eq. 8), `"rms_global_prior"`
@@ -124,6 +157,12 @@ class DynamicEvaluator(keras.callbacks.Callback):
             variables. Defaults to `None`, `model.trainable_variables`.
         sparse: bool. Adapt only the model's `adaptation_kernel` variables.
             Defaults to `False`.
+        lora_rank: int or `None`. Adapt rank-`lora_rank` LoRA factors of
+            every `Dense`, `EinsumDense` and `Embedding` layer instead of
+            the weights (not with `variables` or `sparse`). Defaults to
+            `None`.
+        lora_alpha: int or `None`. LoRA's scale is `lora_alpha / lora_rank`.
+            Defaults to `None` (`lora_rank`: scale 1).
         vocabulary_size: int or `None`. Token ids must lie in
             `[0, vocabulary_size)`. Defaults to `None`: taken from the model
             (`model.vocabulary_size`, its output shape and its `Embedding`
@@ -324,7 +363,10 @@ import keras
             batch_size: int. Streams per batch for a 1-D `data`. Defaults to
                 `100`.
             segment_length: int or `None`. Window length for a 1-D `data`.
-                Defaults to `None`, the evaluator's `segment_length`.
+                Defaults to `None`: the evaluator's `segment_length`, or for
+                a model without carried state its context window (a
+                transformer's statistics come from batches of its context
+                length, as in training).
 
         Returns:
             A dict with `loss` (the mean training loss over the batches) and
@@ -354,7 +396,10 @@ import keras
             x: token ids, a 1-D stream or `(streams, time)` independent
                 streams of equal length; each stream is adapted on its own,
                 starting from the trained weights. The first token of a stream
-                is context only; `x[..., 1:]` are predicted.
+                is context only; `x[..., 1:]` are predicted. With
+                `reset="document"`, also a list of documents (1-D sequences
+                of ids, each with its first token as context); their
+                `token_losses` are then a list, one array per document.
             batch_size: int or `None`. Streams run at once. Adapting shared
                 weights needs one stream at a time (1); per-stream
                 `adaptation_kernel` matrices need exactly their number of
