@@ -146,6 +146,27 @@ def run(
                 )
             return np.concatenate(losses, axis=0)
 
+    elif not adapt and width is not None:
+        # Windows of a model without carried state are independent: a
+        # call's windows are scored side by side, as rows of one batch (in
+        # calls of at most `WINDOW_LOGITS` logits).
+        forward = evaluator._step("forward", [])
+        vocabulary = int(evaluator._vocabulary_limit(model) or 1)
+
+        def score_segments(x, y, w, group, first):
+            count, batch, columns = x.shape
+            rows = max(1, WINDOW_LOGITS // (columns * vocabulary))
+            flat_x = x.reshape(count * batch, columns)
+            flat_y = y.reshape(count * batch, columns)
+            losses = [
+                checks.host_array(forward(
+                    ops.convert_to_tensor(flat_x[start : start + rows]),
+                    ops.convert_to_tensor(flat_y[start : start + rows]),
+                ))
+                for start in range(0, count * batch, rows)
+            ]
+            return np.concatenate(losses, axis=0).reshape(count, batch, columns)
+
     elif not adapt:
         forward_loop = evaluator._step("forward_loop", [])
 
