@@ -48,7 +48,7 @@ def test_matches_numpy_eq_3_across_segments_and_the_window(cell, dual):
     assert np.abs(numpy_cache_losses(model, stream, 7, 0.0, 0.4) - expected).max() > 1e-2
 
 
-def test_zero_interpolation_is_static_evaluation_exactly():
+def test_zero_interpolation_is_static_evaluation():
     from keras_mogrifier import DynamicEvaluator
 
     model = model_for()
@@ -59,7 +59,13 @@ def test_zero_interpolation_is_static_evaluation_exactly():
     static = DynamicEvaluator(model, segment_length=5).evaluate(
         stream, verbose=0, adapt=False, return_token_losses=True
     )
-    np.testing.assert_array_equal(cached["token_losses"], static["token_losses"])
+    # To float rounding, not bitwise: the evaluator scores a stateful model
+    # in windows of many segments, the cache one segment per call, and
+    # PyTorch's kernels for the two shapes may round differently (a last-bit
+    # difference, 2.4e-7, was seen on PyTorch beside other jobs).
+    np.testing.assert_allclose(
+        cached["token_losses"], static["token_losses"], rtol=1e-6, atol=1e-6
+    )
 
 
 def test_lowers_the_loss_of_a_repeated_passage_and_leaves_the_model_as_it_was():
