@@ -209,7 +209,23 @@ MODES = {
 
 
 def model_snapshot(model):
-    return [(v.path, v.trainable, to_numpy(v).copy()) for v in model.variables]
+    """Every variable and every carried recurrent state: path, flag, value."""
+    from keras_mogrifier.evaluation._recurrent_state import state_variables
+
+    variables = list(model.variables)
+    known = {id(v) for v in variables}
+    variables += [v for v in state_variables(model) if id(v) not in known]
+    return [(v.path, v.trainable, to_numpy(v).copy()) for v in variables]
+
+
+def with_random_state(model):
+    """A non-zero carried state (as after training), to see it come back."""
+    from keras_mogrifier.evaluation._recurrent_state import state_variables
+
+    rng = np.random.default_rng(9)
+    for v in state_variables(model):
+        v.assign(rng.normal(size=v.shape).astype("float32"))
+    return model
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -221,7 +237,7 @@ def test_every_token_is_scored_before_it_is_adapted_on(family, mode):
     only — not on the rest of its own segment (t sits inside a segment),
     and, for a windowed model, not on the later tokens its window holds.
     """
-    model = FAMILIES[family]()
+    model = with_random_state(FAMILIES[family]())
     before = model_snapshot(model)
     context = 12 if family in ("gpt2_causal_lm", "opt_backbone") else None
     ev = DynamicEvaluator(
