@@ -13,6 +13,7 @@ every adaptation mode of `DynamicEvaluator`:
 | `eval:<model>:full` | every trainable variable adapted (eq. 8, Krause's RMS rule) |
 | `eval:<model>:lora` | rank-4 LoRA factors on every Dense / EinsumDense / Embedding |
 | `eval:<model>:bitfit` | the biases and normalisation parameters only (a sparse subset) |
+| `eval:<model>:full_sentences` | `full`'s tuned setting with `reset="document"` at every `<eos>`: PTB has no document boundaries, so each sentence is a document — what persisting across the stream is worth |
 
 Each adapting mode is tuned on the first `--tune-tokens` of the validation
 split the same way: gradient statistics from 50 training batches, then η on
@@ -56,7 +57,7 @@ from keras_mogrifier.evaluation import DynamicEvaluator  # noqa: E402
 from keras_mogrifier.evaluation import search_dynamic_evaluation  # noqa: E402
 
 REPOSITORY = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-MODES = ("static", "full", "lora", "bitfit")
+MODES = ("static", "full", "lora", "bitfit", "full_sentences")
 LEARNING_RATES = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3]
 DECAY_RATES = [0.0, 1e-3, 1e-2, 1e-1]
 GPT2 = dict(num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=512,
@@ -323,6 +324,16 @@ def evaluate(record, name, mode, corpus, args, vocabulary_size):
         evaluator = evaluator_for(model, name, "full", args)
         start = time.time()
         result = evaluator.evaluate(test, adapt=False, verbose=0)
+    elif mode == "full_sentences":
+        full = record.data["units"][f"eval:{name}:full"]
+        evaluator = evaluator_for(
+            model, name, "full", args, learning_rate=full["learning_rate"],
+            decay_rate=full["decay_rate"], reset="document", separator=corpus.eos_id,
+        )
+        evaluator.collect_gradient_statistics(corpus.train, batch_size=16, steps=50)
+        entry.update(learning_rate=full["learning_rate"], decay_rate=full["decay_rate"])
+        start = time.time()
+        result = evaluator.evaluate(test, verbose=0)
     else:
         evaluator = evaluator_for(model, name, mode, args)
         evaluator.collect_gradient_statistics(corpus.train, batch_size=16, steps=50)
@@ -349,7 +360,8 @@ def main(argv=None):
     record = Record(args.json, settings, args.resume)
     full = load_corpus(args.data_dir)
     corpus = types.SimpleNamespace(
-        train=full.train[: args.train_tokens], valid=full.valid, test=full.test)
+        train=full.train[: args.train_tokens], valid=full.valid, test=full.test,
+        eos_id=full.vocabulary.eos_id)
     vocabulary_size = len(full.vocabulary)
     names = args.models.split(",")
     for name in names:
