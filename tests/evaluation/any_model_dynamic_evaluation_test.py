@@ -343,3 +343,24 @@ def test_keras_hub_bad_input():
     # With a context length, a rotary model without a maximum runs.
     ev = DynamicEvaluator(llama, context_length=8, segment_length=4, learning_rate=0.0)
     assert ev.evaluate(np.arange(12) % VOCAB, adapt=False, verbose=0)["num_tokens"] == 11
+
+
+def test_keras_hub_generate_inside_adapt_to_sees_the_adapted_weights():
+    model = gpt2_causal_lm()
+    model.compile(sampler="greedy")
+    prompt = {
+        "token_ids": np.array([[3, 4, 5] + [0] * 7]),
+        "padding_mask": np.array([[1, 1, 1] + [0] * 7]),
+    }
+    before = to_numpy(model.generate(prompt, stop_token_ids=None)["token_ids"])
+    ev = DynamicEvaluator(
+        model, context_length=12, segment_length=4, update_rule="sgd", learning_rate=0.5,
+        decay_rate=0.0,
+    )
+    document = np.tile(np.arange(3, 9), 6)  # 3 4 5 6 7 8 3 4 5 ...
+    with ev.adapt_to(document) as adapted:
+        assert adapted is model
+        inside = to_numpy(adapted.generate(prompt, stop_token_ids=None)["token_ids"])
+    after = to_numpy(model.generate(prompt, stop_token_ids=None)["token_ids"])
+    assert not np.array_equal(inside, before)
+    np.testing.assert_array_equal(after, before)
