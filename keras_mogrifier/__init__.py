@@ -2,8 +2,15 @@
 
 KerasTuner searches live in `keras_mogrifier.tuning` (needs the `tuning`
 extra), imported on demand so that the core does not need keras-tuner.
+The command line is `keras_mogrifier.cli` (`keras-mogrifier train ...`,
+`python -m keras_mogrifier train ...`).
 """
 
+# First, before keras: the command line starts without TensorFlow's start-up
+# lines (keras_mogrifier/_quiet.py; nothing changes for a program that
+# imports the package).
+from keras_mogrifier import _quiet  # noqa: F401
+from keras_mogrifier._version import __version__
 from keras_mogrifier import data
 from keras_mogrifier import generation
 from keras_mogrifier import pipeline
@@ -36,5 +43,3 @@ from keras_mogrifier.models import NonFiniteLossError
 from keras_mogrifier.models import RecurrentBackbone
 from keras_mogrifier.optimizers import RectifiedAdam
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
-
-__version__ = "0.1.0"

@@ -8,7 +8,7 @@ the stream batching, the optimizers, the mixture of softmaxes, the metrics
 and the neural cache. For every mutant the script copies the repository
 (`keras_mogrifier/`, `tests/` and what the tests read: `examples/`,
 `benchmarks/`, `tuning/`, `scripts/`, `docs/`, `pyproject.toml`,
-`README.md`) into a temporary directory, applies the mutant there (its `old`
+`README.md`, `CHANGELOG.md`, `MANIFEST.in`) into a temporary directory, applies the mutant there (its `old`
 snippet must occur exactly once in the file), and runs the test files that
 cover that module:
 
@@ -100,6 +100,8 @@ COPIED = (
     "docs",
     "pyproject.toml",
     "README.md",
+    "CHANGELOG.md",  # with MANIFEST.in: the sdist that package_install_test builds
+    "MANIFEST.in",
 )
 IGNORED = shutil.ignore_patterns(
     "__pycache__", "*.pyc", "*.egg-info", ".pytest_cache"
