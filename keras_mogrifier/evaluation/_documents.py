@@ -57,9 +57,15 @@ def split(x, separator, limit):
     """
     separator = check_separator(separator, limit)
     listed = isinstance(x, (list, tuple)) and len(x) > 0 and all(
-        isinstance(document, (list, tuple, np.ndarray)) or hasattr(document, "shape")
-        for document in x
+        np.ndim(document) >= 1 for document in x
     )
+    if listed and separator is not None:
+        raise ValueError(
+            "Expected a list of documents with `separator=None` (documents are "
+            "taken as they are), or a stream or `(streams, time)` array to cut "
+            f"at `separator`. Received a list of {len(x)} sequences and "
+            f"separator={separator.tolist()}"
+        )
     if listed:
         # A list of documents, taken as they are.
         if any(np.ndim(document) != 1 for document in x):

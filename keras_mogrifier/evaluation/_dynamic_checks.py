@@ -240,6 +240,36 @@ def context_window(model, context_length, segment_length):
     return context_length
 
 
+def check_causal(model, width, limit):
+    """Raises unless changing a window's last token leaves the earlier logits be.
+
+    A model without carried state is scored in windows that may hold tokens
+    after the segment (the first `width` columns, for the segments that end
+    before them): only a causal model's scores do not depend on them. Two
+    calls (dropout off) on a random window of `min(width, 32)` ids, the
+    second with its last id changed; nothing in the model changes.
+    """
+    length = max(2, min(width, 32))
+    high = max(2, int(limit or 2))
+    ids = np.random.default_rng(0).integers(0, high, (1, length)).astype("int32")
+    changed = ids.copy()
+    changed[0, -1] = (ids[0, -1] + 1) % high
+    first = host_array(ops.cast(model(ops.convert_to_tensor(ids), training=False), "float32"))
+    second = host_array(ops.cast(model(ops.convert_to_tensor(changed), training=False), "float32"))
+    moved = float(np.max(np.abs(first[:, :-1] - second[:, :-1])))
+    # A causal model computes the same prefix to the bit (same program, same
+    # inputs); 1e-6 of the logits' scale leaves room for rounding, and an
+    # untrained encoder moves them by 1e-4 of it.
+    if moved > 1e-6 * float(np.max(np.abs(first))):
+        raise ValueError(
+            "Expected a causal model (the logits at a position depend on the "
+            "tokens up to it only): each segment is scored in a window that "
+            "may hold later tokens. Received a model whose earlier logits "
+            f"moved by {moved:.3g} when the last token of a window changed "
+            "(a bidirectional encoder?)"
+        )
+
+
 def check_batch_size(model, batch_size, subject):
     message = _recurrent_state.batch_size_error(model, batch_size, subject)
     if message:

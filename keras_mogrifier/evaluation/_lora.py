@@ -103,16 +103,23 @@ class LoraAdapters:
     @contextlib.contextmanager
     def attached(self):
         """Within the block the model computes with its LoRA factors."""
-        if self._depth == 0:
-            saved = [self._attach(i, layer) for i, layer in enumerate(self.layers)]
-        self._depth += 1
+        saved = []
         try:
+            if self._depth == 0:
+                for i, layer in enumerate(self.layers):
+                    saved.append((layer, self._attach(i, layer)))
+                _forget_compiled(self.model)
+            self._depth += 1
             yield self.variables()
         finally:
-            self._depth -= 1
-            if self._depth == 0:
-                for layer, state in zip(self.layers, saved):
+            if saved or self._depth == 0:
+                # The outermost block (or a failed attach): detach what was attached.
+                self._depth = 0
+                for layer, state in saved:
                     self._detach(layer, state)
+                _forget_compiled(self.model)
+            else:
+                self._depth -= 1
 
     def _attach(self, index, layer):
         factors, base = _names(layer)
@@ -155,6 +162,18 @@ class LoraAdapters:
             layer._tracker.lock()
         else:
             layer._tracker.unlock()
+
+
+def _forget_compiled(model):
+    """Drops the model's cached compiled functions (Keras's `predict_function`
+    and the like, keras-hub's `generate_function`): traced with other
+    variables, TensorFlow's would ignore the factors or miss them."""
+    for owner in (model, getattr(model, "wrapped", None)):
+        # Not `train_function` / `test_function`: `fit` (with the evaluator
+        # as its callback) reads them at every step.
+        for name in ("generate_function", "predict_function"):
+            if getattr(owner, name, None) is not None:
+                setattr(owner, name, None)
 
 
 def _remove_attribute(layer, name):

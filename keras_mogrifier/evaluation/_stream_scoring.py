@@ -134,8 +134,8 @@ def score_stream(
 
     def spans(first, count, end):
         # Each segment's window start, first column and last real column + 1
-        # (the window ends with the segment's last real input: padding
-        # columns are scored in no window, their loss is 0).
+        # (the window ends with the segment's last real input, or is the
+        # first `width` columns; padding columns are never kept: loss 0).
         out = []
         for k in range(count):
             s = first + k

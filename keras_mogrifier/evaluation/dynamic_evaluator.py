@@ -188,10 +188,7 @@ class DynamicEvaluator(keras.callbacks.Callback):
     Example:
 
     >>> import numpy as np
-    >>> import contextlib
-import functools
-
-import keras
+    >>> import keras
     >>> from keras_mogrifier.evaluation import DynamicEvaluator
     >>> model = keras.Sequential([
     ...     keras.Input(batch_shape=(1, None), dtype="int32"),
@@ -279,10 +276,12 @@ import keras
         self.frequency = frequency
         self.verbose = verbose
         self._steps = _adaptation_step.CompiledSteps()  # the compiled functions
+        self._steps_signature = (lora_rank, lora_alpha)  # the LoRA they were built with
         self._statistics = None  # (variables, [MS_g tensors in the variables' shapes])
         self.adaptation_results = None  # what `adapt_to` scored while adapting
         self._adapted_documents = []  # the enclosing `adapt_to` blocks
         self._token_model = None  # (the model, the `ids -> logits` model run)
+        self._causal_checked = None  # the windowed model found causal
         if model is not None:
             self.set_model(model)
             token_model = model
@@ -621,10 +620,18 @@ import keras
         return adapters.attached() if adapters is not None else contextlib.nullcontext()
 
     def _context_window(self, model):
-        """`K`, the window each segment is scored in, or `None` (carried state)."""
-        return _dynamic_checks.context_window(
+        """`K`, the window each segment is scored in, or `None` (carried state).
+
+        A windowed model must be causal (a window may hold tokens after the
+        segment): checked once per model with a probe (`check_causal`).
+        """
+        width = _dynamic_checks.context_window(
             model, self.context_length, self.segment_length
         )
+        if width is not None and self._causal_checked is not model:
+            _dynamic_checks.check_causal(model, width, self._vocabulary_limit(model))
+            self._causal_checked = model
+        return width
 
     def _vocabulary_limit(self, model):
         return _dynamic_checks.vocabulary_limit(model, self.vocabulary_size)
@@ -635,6 +642,11 @@ import keras
 
     def _step(self, kind, variables, per_stream=None):
         """The compiled function `kind` for `variables` (see `CompiledSteps.get`)."""
+        # A step traced with other LoRA factors (or none) reads other variables.
+        signature = (self.lora_rank, self.lora_alpha)
+        if self._steps_signature != signature:
+            self._steps = _adaptation_step.CompiledSteps()
+            self._steps_signature = signature
         return self._steps.get(
             self._require_model(), kind, variables, self.jit_compile, self.update_rule,
             per_stream,

@@ -128,7 +128,7 @@ def test_document_reset_scores_each_document_as_a_stream_of_its_own():
     # Resetting changes what the later documents are scored with.
     assert np.abs(documents["token_losses"][0] - never["token_losses"][0]).max() > 1e-3
     # The same documents as a list give the same scores, as a list.
-    listed = ev.evaluate(
+    listed = DynamicEvaluator(model, reset="document", **options).evaluate(
         [stream[a:b] for a, b in pieces], verbose=0, return_token_losses=True
     )
     np.testing.assert_allclose(
@@ -311,6 +311,10 @@ def test_bad_input_is_refused_before_any_change():
         ev.evaluate(np.arange(10), verbose=0)
     with pytest.raises(ValueError, match="1-D sequence"):
         ev.evaluate([np.arange(4), np.zeros((2, 2), "int32")], verbose=0)
+    with pytest.raises(ValueError, match="separator=None"):
+        DynamicEvaluator(model, reset="document", separator=0).evaluate(
+            [np.arange(4), np.arange(5)], verbose=0
+        )
     with pytest.raises(ValueError, match="callbacks"):
         ev.evaluate([np.arange(4)], verbose=0, callbacks=[keras.callbacks.Callback()])
     after = model_snapshot(model)
@@ -345,7 +349,8 @@ def test_keras_hub_bad_input():
     assert ev.evaluate(np.arange(12) % VOCAB, adapt=False, verbose=0)["num_tokens"] == 11
 
 
-def test_keras_hub_generate_inside_adapt_to_sees_the_adapted_weights():
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_keras_hub_generate_inside_adapt_to_sees_the_adapted_weights(mode):
     model = gpt2_causal_lm()
     model.compile(sampler="greedy")
     prompt = {
@@ -355,7 +360,7 @@ def test_keras_hub_generate_inside_adapt_to_sees_the_adapted_weights():
     before = to_numpy(model.generate(prompt, stop_token_ids=None)["token_ids"])
     ev = DynamicEvaluator(
         model, context_length=12, segment_length=4, update_rule="sgd", learning_rate=0.5,
-        decay_rate=0.0,
+        decay_rate=0.0, **MODES[mode],
     )
     document = np.tile(np.arange(3, 9), 6)  # 3 4 5 6 7 8 3 4 5 ...
     with ev.adapt_to(document) as adapted:
@@ -364,3 +369,29 @@ def test_keras_hub_generate_inside_adapt_to_sees_the_adapted_weights():
     after = to_numpy(model.generate(prompt, stop_token_ids=None)["token_ids"])
     assert not np.array_equal(inside, before)
     np.testing.assert_array_equal(after, before)
+
+
+def test_a_model_that_is_not_causal_is_refused_for_windows():
+    keras_hub = pytest.importorskip("keras_hub")
+    encoder = keras_hub.models.RobertaBackbone(
+        vocabulary_size=VOCAB, num_layers=1, num_heads=2, hidden_dim=8,
+        intermediate_dim=16, max_sequence_length=16,
+    )
+    with pytest.raises(ValueError, match="Expected a causal model"):
+        DynamicEvaluator(encoder, segment_length=4)
+
+
+def test_changing_lora_rank_rebuilds_the_compiled_steps():
+    model = mean_model()
+    stream = np.random.default_rng(6).integers(0, VOCAB, 30)
+    ev = DynamicEvaluator(model, context_length=8, segment_length=3, update_rule="sgd",
+                          learning_rate=0.5)
+    ev.evaluate(stream, adapt=False, verbose=0)
+    ev.lora_rank = 2
+    with ev.adapt_to(stream):
+        adapted = ev.evaluate(stream, adapt=False, verbose=0)["loss"]
+    fresh = DynamicEvaluator(model, context_length=8, segment_length=3, update_rule="sgd",
+                             learning_rate=0.5, lora_rank=2)
+    with fresh.adapt_to(stream):
+        expected = fresh.evaluate(stream, adapt=False, verbose=0)["loss"]
+    assert adapted == pytest.approx(expected, rel=1e-6)
