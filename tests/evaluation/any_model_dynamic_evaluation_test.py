@@ -349,6 +349,7 @@ def test_keras_hub_bad_input():
     assert ev.evaluate(np.arange(12) % VOCAB, adapt=False, verbose=0)["num_tokens"] == 11
 
 
+@pytest.mark.compiled  # keras-hub's generate is a traced function on TensorFlow
 @pytest.mark.parametrize("mode", ["full", "lora"])
 def test_keras_hub_generate_inside_adapt_to_sees_the_adapted_weights(mode):
     model = gpt2_causal_lm()
