@@ -144,7 +144,11 @@ def update_terms(mean_squares, settings):
     """The RMS each variable is updated with, and `[η, ε, λ, mean(RMS)]`.
 
     `mean(RMS)`, the normaliser of the decay, is taken over the gathered
-    statistics as they are. An element whose statistics are zero — it
+    statistics as they are, leaving out only a tensor whose statistics are
+    all zero: no gradient reached it at θ_g, e.g. LoRA's `A` factors while
+    their `B` is still zero (counted in, they would shrink the mean, and so
+    scale up every tensor's decay, by the share of the variables they hold).
+    An element whose statistics are zero — it
     had no gradient in any statistics batch, such as the embedding row of
     a word absent from that data — would otherwise get an unbounded step
     `η · g / ε` and no decay at all: it takes the mean RMS of the
@@ -154,10 +158,13 @@ def update_terms(mean_squares, settings):
     exist the rule is exactly SPEC §5.
     """
     raw = [np.sqrt(np.asarray(ops.convert_to_numpy(ms), "float64")) for ms in mean_squares]
-    if settings["normalizer"] == "tensor_mean":
-        mean_rms = float(np.mean([r.mean() for r in raw]))
+    live = [r for r in raw if np.any(r > 0)]
+    if not live:
+        mean_rms = 0.0
+    elif settings["normalizer"] == "tensor_mean":
+        mean_rms = float(np.mean([r.mean() for r in live]))
     else:
-        mean_rms = float(sum(r.sum() for r in raw) / sum(r.size for r in raw))
+        mean_rms = float(sum(r.sum() for r in live) / sum(r.size for r in live))
     if not mean_rms > 0:
         raise ValueError(
             "Expected gradient statistics with a non-zero mean RMS. "

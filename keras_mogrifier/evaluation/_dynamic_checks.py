@@ -188,9 +188,15 @@ def model_vocabulary_limit(model):
         last = None  # e.g. a subclassed model: no static output shape
     if isinstance(last, numbers.Integral):
         limits.append(int(last))
-    for layer in _recurrent_state._layers(model):
-        if isinstance(layer, keras.layers.Embedding):
-            limits.append(int(layer.input_dim))
+    # The token table is the largest `Embedding`; a smaller one (positions,
+    # segments, a `max_length` table) caps no token id.
+    tables = [
+        int(layer.input_dim)
+        for layer in _recurrent_state._layers(model)
+        if isinstance(layer, keras.layers.Embedding)
+    ]
+    if tables:
+        limits.append(max(tables))
     return min(limits) if limits else None
 
 
@@ -276,11 +282,13 @@ def check_batch_size(model, batch_size, subject):
         raise ValueError(message)
 
 
-def check_output(model, batch_size, time):
+def check_output(model, batch_size, time, vocabulary=None):
     """Raises unless `model` maps ids `(batch, time)` to `(batch, time, vocab)`.
 
-    Found symbolically (`compute_output_spec`: nothing runs, no state
-    changes); a model that cannot be called symbolically is not checked here.
+    `vocab` must be at least `vocabulary` (the ids' limit: a target id has
+    a logit) when both are known. Found symbolically (`compute_output_spec`:
+    nothing runs, no state changes); a model that cannot be called
+    symbolically is not checked here.
     """
     try:
         spec = model.compute_output_spec(
@@ -296,6 +304,12 @@ def check_output(model, batch_size, time):
             "Expected the model to map token ids (batch, time) to logits "
             "(batch, time, vocabulary). Received: a model whose output for "
             f"inputs of shape {(batch_size, time)} has shape {shape}"
+        )
+    if vocabulary is not None and shape[2] is not None and shape[2] < vocabulary:
+        raise ValueError(
+            f"Expected the model's logits to cover the {vocabulary} token ids "
+            f"(a last axis of at least {vocabulary}). Received: logits of "
+            f"shape {shape}"
         )
 
 

@@ -112,7 +112,7 @@ def run(
     segment_length = evaluator.segment_length
     # A model without carried state: each segment in a window of `width`.
     width = evaluator._context_window(model)
-    checks.check_output(model, batch_size, width or segment_length)
+    checks.check_output(model, batch_size, width or segment_length, limit)
 
     settings = evaluator.settings()
     # Many segments per compiled call (no host round trip between them),

@@ -41,7 +41,7 @@ def collect(evaluator, data, steps, batch_size, segment_length):
                 f"Received: {stream.shape[0]} tokens"
             )
         checks.check_batch_size(model, batch_size, "`batch_size`")
-        checks.check_output(model, batch_size, n)
+        checks.check_output(model, batch_size, n, limit)
         streams = stream[: length * batch_size].reshape(batch_size, length)
         batches = (
             (streams[:, i * n : (i + 1) * n], streams[:, i * n + 1 : (i + 1) * n + 1])
@@ -68,7 +68,7 @@ def collect(evaluator, data, steps, batch_size, segment_length):
                 model, batch, limit, ids_checked=stream is not None
             )
             if count == 0 and stream is None:
-                checks.check_output(model, x.shape[0], x.shape[1])
+                checks.check_output(model, x.shape[0], x.shape[1], limit)
             # The gradient of the batch's (weighted) mean token loss.
             v = w / max(float(np.sum(w)), 1.0)
             token_losses, gradients = step(

@@ -396,3 +396,101 @@ def test_changing_lora_rank_rebuilds_the_compiled_steps():
     with fresh.adapt_to(stream):
         expected = fresh.evaluate(stream, adapt=False, verbose=0)["loss"]
     assert adapted == pytest.approx(expected, rel=1e-6)
+
+
+class AddPositions(keras.layers.Layer):
+    """Adds a learned position table: an `Embedding` of `length` rows."""
+
+    def __init__(self, length, **kwargs):
+        super().__init__(**kwargs)
+        self.table = keras.layers.Embedding(length, 4)
+
+    def call(self, x):
+        return x + self.table(ops.arange(ops.shape(x)[1]))[None]
+
+
+def test_a_position_table_does_not_cap_the_token_ids():
+    """Ids up to the token table's size are scored; the positions' 6 rows
+    (smaller) are not a vocabulary."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((None,), dtype="int32"),
+        keras.layers.Embedding(VOCAB, 4),
+        AddPositions(6),
+        CausalMean(),
+        keras.layers.Dense(VOCAB),
+    ])
+    ev = DynamicEvaluator(model, context_length=6, segment_length=3, update_rule="sgd")
+    stream = np.arange(20) % VOCAB  # ids up to 10, past the 6 positions
+    assert ev.evaluate(stream, verbose=0)["num_tokens"] == 19
+    with pytest.raises(ValueError, match=f"in \\[0, {VOCAB}\\)|at most {VOCAB - 1}|{VOCAB}"):
+        ev.evaluate(np.array([0, 1, VOCAB]), verbose=0)
+
+
+class NarrowLogits(keras.Model):
+    """A subclassed model (no static output shape): 11 ids in, 7 logits out."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = keras.layers.Embedding(VOCAB, 4)
+        self.mean = CausalMean()
+        self.out = keras.layers.Dense(7)
+
+    def call(self, x):
+        return self.out(self.mean(self.embedding(x)))
+
+
+def test_logits_narrower_than_the_ids_are_refused():
+    model = NarrowLogits()
+    model(np.zeros((1, 3), "int32"))
+    before = model_snapshot(model)
+    ev = DynamicEvaluator(model, context_length=6, segment_length=3, update_rule="sgd")
+    with pytest.raises(ValueError, match="logits to cover the 11 token ids"):
+        ev.evaluate(np.arange(20) % 5, verbose=0)
+    with pytest.raises(ValueError, match="logits to cover the 11 token ids"):
+        ev.collect_gradient_statistics(np.arange(200) % 5, batch_size=2)
+    for (_, _, a), (_, _, b) in zip(model_snapshot(model), before):
+        np.testing.assert_array_equal(a, b)
+    # Given the vocabulary the logits cover, it runs.
+    ev = DynamicEvaluator(model, context_length=6, segment_length=3, update_rule="sgd",
+                          vocabulary_size=7)
+    assert ev.evaluate(np.arange(20) % 5, verbose=0)["num_tokens"] == 19
+
+
+@pytest.mark.parametrize("normalizer", ["tensor_mean", "global_mean"])
+def test_lora_with_an_rms_rule(normalizer):
+    """LoRA's `A` factors get no gradient at θ_g (their `B` is zero): their
+    statistics are zero and stay out of the decay's normaliser, which is
+    the mean over the other factors; adaptation runs and the model is
+    exactly back; the statistics go in and out through the property."""
+    from keras_mogrifier.evaluation import _adaptation_step
+
+    model = mean_model()
+    before = model_snapshot(model)
+    ev = DynamicEvaluator(model, context_length=8, segment_length=3, lora_rank=2,
+                          learning_rate=0.05, decay_rate=0.1, normalizer=normalizer)
+    train = np.random.default_rng(7).integers(0, VOCAB, 400)
+    ev.collect_gradient_statistics(train, batch_size=4)
+    statistics = ev.gradient_statistics
+    a = {p: s for p, s in statistics.items() if p.endswith("lora_kernel_a")
+         or p.endswith("lora_embeddings_a")}
+    b = {p: s for p, s in statistics.items() if p not in a}
+    assert len(a) == len(b) == 2, sorted(statistics)
+    assert all(np.all(to_numpy(s) == 0) for s in a.values())
+    assert all(np.all(to_numpy(s) > 0) for s in b.values())
+    raw = [np.sqrt(to_numpy(s).astype("float64")) for s in b.values()]
+    if normalizer == "tensor_mean":
+        expected = np.mean([r.mean() for r in raw])
+    else:
+        expected = sum(r.sum() for r in raw) / sum(r.size for r in raw)
+    _, hyper = _adaptation_step.update_terms(list(statistics.values()), ev.settings())
+    assert to_numpy(hyper)[3] == pytest.approx(expected, rel=1e-6)
+    # Set back through the property: the same pass.
+    stream = np.random.default_rng(8).integers(0, VOCAB, 40)
+    first = ev.evaluate(stream, verbose=0)
+    ev.gradient_statistics = statistics
+    second = ev.evaluate(stream, verbose=0)
+    assert np.isfinite(first["loss"]) and first["loss"] == pytest.approx(second["loss"], rel=1e-6)
+    assert first["loss"] != pytest.approx(ev.evaluate(stream, adapt=False, verbose=0)["loss"])
+    for (_, _, x), (_, _, y) in zip(model_snapshot(model), before):
+        np.testing.assert_array_equal(x, y)
