@@ -455,6 +455,9 @@ class DynamicEvaluator(keras.callbacks.Callback):
         block's weights are its θ_g), not toward the trained weights; on exit
         the outer block's weights and state are back.
 
+        `document` is one document whatever `reset` says: it is adapted on
+        from θ_g as a whole, a separator in it read as any other token.
+
         Needs gradient statistics (`collect_gradient_statistics`), as
         `evaluate` does. The scores of the document while adapting (the
         dict `evaluate` returns) are kept in `adaptation_results`.
@@ -567,6 +570,11 @@ class DynamicEvaluator(keras.callbacks.Callback):
             "epsilon": self.epsilon,
             "segment_length": self.segment_length,
             "normalizer": self.normalizer,
+            "context_length": self.context_length,
+            "reset": self.reset,
+            "separator": self.separator,
+            "lora_rank": self.lora_rank,
+            "lora_alpha": self.lora_alpha,
         }
 
     # === Callback ===

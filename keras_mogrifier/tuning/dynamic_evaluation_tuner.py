@@ -247,6 +247,14 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         statistics_tokens: int or None. Training tokens the statistics are
             gathered on (whole batches of `statistics_batch_size × n`, spread
             over the stream). Defaults to `None` (all of `gradient_data`).
+        evaluator_options: dict or None. Further `DynamicEvaluator`
+            arguments, the same for every trial: `context_length`, `reset`,
+            `separator`, `variables`, `sparse`, `lora_rank`, `lora_alpha`,
+            `vocabulary_size`, `jit_compile` (e.g. `{"context_length": 128,
+            "lora_rank": 4}` for a keras-hub causal LM). A model scored in
+            context windows gathers its statistics on windows of
+            `context_length` training tokens, once for every segment
+            length. Defaults to `None`.
         max_loss: float, `math.inf` or `"auto"`. A trial whose loss is above
             it has diverged. Defaults to `"auto"`: `2 ln(vocabulary size)` when
             the model tells its vocabulary size, else `math.inf`.
@@ -306,6 +314,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         update_rule="rms_rms_prior",
         statistics_batch_size=100,
         statistics_tokens=None,
+        evaluator_options=None,
         max_loss="auto",
         max_learning_rate_over_epsilon=search_space.MAX_LEARNING_RATE_OVER_EPSILON,
         seed=None,
@@ -325,6 +334,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
                 f"{model.name}"
             )
         gradient_data = _token_stream("gradient_data", gradient_data)
+        evaluator_options = _evaluator_options(evaluator_options)
         loss_reduction = _validation.one_of("loss_reduction", loss_reduction, LOSS_REDUCTIONS)
         normalizer = _validation.one_of("normalizer", normalizer, NORMALIZERS)
         update_rule = _validation.one_of("update_rule", update_rule, UPDATE_RULES)
@@ -416,6 +426,7 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         self.update_rule = update_rule
         self.statistics_batch_size = statistics_batch_size
         self.statistics_tokens = statistics_tokens
+        self.evaluator_options = evaluator_options
         self.max_loss = max_loss
         self.max_learning_rate_over_epsilon = limit
         self.statistics_collected = 0  # statistics passes run by this tuner
@@ -431,6 +442,8 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
             overwrite=overwrite,
             **kwargs,
         )
+        if evaluator_options:
+            self.evaluator  # their ValueErrors now, before any trial
 
     # === The evaluator ===
 
@@ -443,7 +456,9 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
                 model = model.with_options(
                     batch_size=self.statistics_batch_size, samples=1
                 )
-            self._evaluator = DynamicEvaluator(model, normalizer=self.normalizer)
+            self._evaluator = DynamicEvaluator(
+                model, normalizer=self.normalizer, **self.evaluator_options
+            )
         return self._evaluator
 
     def evaluator_settings(self, hyperparameters=None):
@@ -467,9 +482,18 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
         return evaluator
 
     def _statistics_for(self, n):
-        """`MS_g` for segment length `n`: from memory, disk, or a new pass."""
+        """`MS_g` for segment length `n`: from memory, disk, or a new pass.
+
+        A model scored in context windows of `K` tokens learns from windows
+        of `K` training tokens whatever `n` is: one pass serves every `n`.
+        """
+        evaluator = self.evaluator
+        window = evaluator._context_window(evaluator._require_model())
+        if window is not None:
+            n = window
         if n not in self._statistics:
-            path = os.path.join(self.project_dir, f"gradient_statistics_n{n}.npz")
+            name = f"window{n}" if window is not None else f"n{n}"
+            path = os.path.join(self.project_dir, f"gradient_statistics_{name}.npz")
             key = self._statistics_key(n)
             stored = _load_statistics(path, key)
             if stored is None:
@@ -520,7 +544,8 @@ class DynamicEvaluationTuner(keras_tuner.Tuner):
             digest.update(np.ascontiguousarray(self.gradient_data).tobytes())
             self._fingerprint = digest.hexdigest()[:16]
         return json.dumps(
-            [self._fingerprint, n, self.statistics_batch_size, self.statistics_tokens]
+            [self._fingerprint, n, self.statistics_batch_size, self.statistics_tokens,
+             sorted((k, repr(v)) for k, v in self.evaluator_options.items())]
         )
 
     # === Search ===
@@ -719,3 +744,28 @@ def _token_stream(name, data):
             f"Received: shape {array.shape}"
         )
     return array
+
+
+EVALUATOR_OPTIONS = (
+    "context_length", "reset", "separator", "variables", "sparse", "lora_rank",
+    "lora_alpha", "vocabulary_size", "jit_compile",
+)
+
+
+def _evaluator_options(options):
+    """`evaluator_options` as a dict, or a ValueError naming what is not one."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(
+            "Expected `evaluator_options` to be a dict of `DynamicEvaluator` "
+            f"arguments. Received: {type(options).__name__}"
+        )
+    unknown = sorted(set(options) - set(EVALUATOR_OPTIONS))
+    if unknown:
+        raise ValueError(
+            f"Expected `evaluator_options` among {list(EVALUATOR_OPTIONS)} (the "
+            "tuner sets the update rule, its hyperparameters and the "
+            f"normalizer itself). Received: {unknown}"
+        )
+    return dict(options)

@@ -334,6 +334,10 @@ def test_mean_convention_and_custom_oracle(trained, corpus, tmp_path):
          "objective"),
         ({"fixed": {"segment_length": 300}}, "at least statistics_batch_size"),
         ({"max_loss": -1.0}, "max_loss"),
+        ({"evaluator_options": {"learning_rate": 1e-3}}, "evaluator_options"),
+        ({"evaluator_options": [("context_length", 8)]}, "evaluator_options"),
+        # Passed on to the evaluator, whose checks run at once.
+        ({"evaluator_options": {"context_length": 8}}, "context_length=None"),
         ({"max_learning_rate_over_epsilon": 0.0}, "max_learning_rate_over_epsilon"),
         # The toy box's ε reaches 1e-3: η ≥ 1 has η/ε ≥ 1000 everywhere.
         ({"ranges": {"learning_rate": (1.0, 2.0)}}, "learning_rate / epsilon"),
@@ -398,3 +402,40 @@ def test_each_update_rule_has_its_space_and_searches(trained, corpus, tuning_str
     assert evaluator.evaluate(tuning_stream, verbose=0)["loss"] == pytest.approx(
         best["score"], rel=1e-5
     )
+
+
+class _CausalMean(keras.layers.Layer):
+    def call(self, x):
+        counts = keras.ops.cast(keras.ops.arange(1, keras.ops.shape(x)[1] + 1), x.dtype)
+        return keras.ops.cumsum(x, axis=1) / counts[None, :, None]
+
+
+def test_a_windowed_model_gathers_its_statistics_once_on_windows(corpus, tmp_path):
+    """A model without carried state, scored in windows of 12 tokens: one
+    statistics pass, on windows of 12 training tokens, serves every
+    segment length; the trials' evaluator reads the same windows."""
+    vocab = len(corpus.vocabulary)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((None,), dtype="int32"),
+        keras.layers.Embedding(vocab, 8),
+        _CausalMean(),
+        keras.layers.Dense(vocab),
+    ])
+    tuner = make_tuner(
+        model, corpus, str(tmp_path), max_trials=3, fixed={}, ranges={
+            "segment_length": (2, 6), **TOY_RANGES}, evaluator_options={"context_length": 12},
+    )
+    tuner.search(corpus.valid[:60], verbose=0)
+    lengths = {t.hyperparameters.values["segment_length"] for t in tuner.oracle.trials.values()}
+    assert len(lengths) > 1  # several segment lengths ...
+    assert tuner.statistics_collected == 1  # ... one statistics pass
+    assert (tmp_path / "dyneval" / "gradient_statistics_window12.npz").exists()
+    expected = DynamicEvaluator(model, context_length=12)
+    expected.collect_gradient_statistics(corpus.train, batch_size=STATISTICS_BATCH)
+    for path, value in expected.gradient_statistics.items():
+        np.testing.assert_allclose(
+            keras.ops.convert_to_numpy(tuner.evaluator.gradient_statistics[path]),
+            keras.ops.convert_to_numpy(value), rtol=1e-5, atol=1e-12,
+        )
+    assert tuner.evaluator.context_length == 12
