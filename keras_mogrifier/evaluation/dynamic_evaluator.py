@@ -176,8 +176,10 @@ class DynamicEvaluator(keras.callbacks.Callback):
             `fit` (re-iterable: it is read every time). Defaults to `None`.
         gradient_steps: int or `None`. `steps` for `gradient_data`. Defaults
             to `None`.
-        gradient_batch_size: int. `batch_size` for `gradient_data`. Defaults
-            to `100`.
+        gradient_batch_size: int. `batch_size` for `gradient_data` (for a
+            model scored in windows: windows of `context_length` tokens per
+            batch, `batch × K × vocabulary` logits; lower it for long
+            windows). Defaults to `100`.
         validation_batch_size: int or `None`. `batch_size` for
             `validation_data`. Defaults to `None`.
         frequency: int or `None`. In `fit`, also evaluate every `frequency`
