@@ -494,3 +494,66 @@ def test_lora_with_an_rms_rule(normalizer):
     assert first["loss"] != pytest.approx(ev.evaluate(stream, adapt=False, verbose=0)["loss"])
     for (_, _, x), (_, _, y) in zip(model_snapshot(model), before):
         np.testing.assert_array_equal(x, y)
+
+
+def test_streams_side_by_side_are_windowed_each_on_its_own():
+    """A `(streams, time)` batch: static scores of each row equal the row's
+    scores alone (its windows read its own tokens only)."""
+    model = mean_model()
+    streams = np.random.default_rng(10).integers(0, VOCAB, (3, 26))
+    ev = DynamicEvaluator(model, context_length=7, segment_length=3, update_rule="sgd")
+    together = ev.evaluate(streams, adapt=False, verbose=0, return_token_losses=True)
+    for row in range(3):
+        alone = ev.evaluate(streams[row], adapt=False, verbose=0, return_token_losses=True)
+        np.testing.assert_allclose(
+            together["token_losses"][row], alone["token_losses"][0], rtol=1e-5, atol=1e-6
+        )
+
+
+class Interrupt(keras.callbacks.Callback):
+    def __init__(self, after):
+        super().__init__()
+        self.after, self.seen = after, 0
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.after:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_lora_pass_leaves_the_model_as_it_was():
+    model = with_random_state(keras_lstm())
+    before = model_snapshot(model)
+    ev = DynamicEvaluator(model, lora_rank=2, update_rule="sgd", learning_rate=0.5,
+                          segment_length=3)
+    with pytest.raises(KeyboardInterrupt):
+        ev.evaluate(np.arange(40) % VOCAB, verbose=0, callbacks=[Interrupt(3)])
+    after = model_snapshot(model)
+    assert [a[:2] for a in after] == [b[:2] for b in before]
+    for (_, _, a), (_, _, b) in zip(after, before):
+        np.testing.assert_array_equal(a, b)
+    assert not any(getattr(layer, "lora_enabled", False) for layer in model.layers)
+
+
+def test_nested_lora_blocks_restore_the_outer_block_then_the_model():
+    model = mean_model()
+    before = model_snapshot(model)
+    ev = DynamicEvaluator(model, context_length=8, segment_length=3, lora_rank=2,
+                          update_rule="sgd", learning_rate=0.5)
+    stream = np.random.default_rng(11).integers(0, VOCAB, 30)
+    probe = np.random.default_rng(12).integers(0, VOCAB, 20)
+
+    def loss():
+        return ev.evaluate(probe, adapt=False, verbose=0)["loss"]
+
+    trained = loss()
+    with ev.adapt_to(stream):
+        outer = loss()
+        with ev.adapt_to(stream[::-1].copy()):
+            inner = loss()
+        assert loss() == pytest.approx(outer, rel=1e-6)
+    assert len({round(trained, 6), round(outer, 6), round(inner, 6)}) == 3
+    assert loss() == pytest.approx(trained, rel=1e-6)
+    for (_, _, a), (_, _, b) in zip(model_snapshot(model), before):
+        np.testing.assert_array_equal(a, b)
+    assert not any(getattr(layer, "lora_enabled", False) for layer in model.layers)
