@@ -497,16 +497,19 @@ def test_lora_with_an_rms_rule(normalizer):
 
 
 def test_streams_side_by_side_are_windowed_each_on_its_own():
-    """A `(streams, time)` batch: static scores of each row equal the row's
+    """A `(streams, time)` batch scored statically side by side (shared
+    weights adapt one stream at a time): each row's scores equal the row's
     scores alone (its windows read its own tokens only)."""
     model = mean_model()
     streams = np.random.default_rng(10).integers(0, VOCAB, (3, 26))
     ev = DynamicEvaluator(model, context_length=7, segment_length=3, update_rule="sgd")
-    together = ev.evaluate(streams, adapt=False, verbose=0, return_token_losses=True)
+    together = ev.evaluate(streams, adapt=False, batch_size=3, verbose=0,
+                           return_token_losses=True)
     for row in range(3):
         alone = ev.evaluate(streams[row], adapt=False, verbose=0, return_token_losses=True)
         np.testing.assert_allclose(
-            together["token_losses"][row], alone["token_losses"][0], rtol=1e-5, atol=1e-6
+            together["token_losses"][row], alone["token_losses"][0], rtol=1e-5, atol=1e-6,
+            err_msg=f"row {row}",
         )
 
 
