@@ -78,7 +78,7 @@ BASE_ROWS = ("lstm", "mogrifier_lstm", "rlstm", "mogrifier_rlstm")
 ABLATIONS = {"dual": {"dual": True}, "samples2": {"samples": 2}}
 
 # Press & Wolf (2017): a tied 2-layer 200-unit LSTM has 2.65M parameters on
-# the 10k-word Penn Treebank vocabulary (the small model of docs/results.md).
+# the 10k-word Penn Treebank vocabulary (the small model of docs/results/equal-parameters.md).
 PARAMETERS = 2_650_000
 PARAMETER_TOLERANCE = 0.03
 # The released 24M PTB Mogrifier: 5 rounds of rank 84 at ~900 units

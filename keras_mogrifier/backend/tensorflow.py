@@ -24,7 +24,7 @@ def default_jit_compile(model, many_steps=True):
     graph mode without it pays a fixed cost per small operation, which XLA
     fuses away (2 x 256 RLSTM, batch 1, one core: static scoring 0.33 ->
     0.22 ms/token, dynamic evaluation 6.6 -> 1.9, the neural cache 0.45 ->
-    0.19; see docs/results.md). Temperature fitting (batched windows) takes
+    0.19; see docs/results/evaluation-speed.md). Temperature fitting (batched windows) takes
     the same time either way. A call of one step (generation's per-token step) is
     slower with it on CPU (2.4 -> 5.0 ms/token: XLA's fixed cost per call), so
     there XLA is used only with a GPU. Keras's cuDNN LSTM declares itself not
