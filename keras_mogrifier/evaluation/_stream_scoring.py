@@ -59,8 +59,8 @@ def score_stream(
             `K` consecutive segments of a group, in order, from segment
             `first` on, and returns a `(K, batch_size, n)` array of the loss
             of every token (`x`, `y` int32 and `w` float32 NumPy arrays of
-            that shape, `w` 0 for padding). `K` is at most
-            `segments_per_call`.
+            that shape, `w` 0 for padding). `K` is `segments_per_call` or
+            1: the calls have the same shapes for a stream of any length.
         start_group: `f(group)` or None, called before a group's first
             segment (after its state reset).
         callbacks: list of `keras.callbacks.Callback` or None: they get
@@ -83,7 +83,7 @@ def score_stream(
             at once. Defaults to `1`.
         context_length: int or `None`. For a model without carried state:
             each segment is given to `score_segments` in a window of
-            `W = min(context_length, padded length)` columns that ends with
+            `W = context_length` columns that ends with
             its last real input (or the first `W` columns, when the segment
             ends before column `W`: a causal model's scores of the earlier
             columns do not depend on the later ones), so `x`, `y` and `w`
@@ -105,7 +105,12 @@ def score_stream(
     predicted = time - 1
     num_segments = -(-predicted // n)
     num_groups = -(-num_streams // batch_size)
-    inputs = np.zeros((num_groups * batch_size, num_segments * n), "int32")
+    # A windowed model reads windows of `context_length` columns also from
+    # a stream shorter than that (padding after it, at weight 0: a causal
+    # model's scores of the earlier columns do not see it), so that every
+    # stream's windows have one shape.
+    columns = max(num_segments * n, context_length or 0)
+    inputs = np.zeros((num_groups * batch_size, columns), "int32")
     targets = np.zeros_like(inputs)
     weights = np.zeros(inputs.shape, "float32")
     inputs[:num_streams, :predicted] = streams[:, :-1]
@@ -174,23 +179,23 @@ def score_stream(
             losses[k, :, : high - low] = window_losses[k, :, low - start : high - start]
         return w, losses
 
-    # The calls: (first segment, segments, last column or None). With
-    # `keep_final_state`, a short last segment is a call of its own, so that
-    # no padding token moves the state that is kept.
+    # The calls: (first segment, segments, last column or None). Every call
+    # holds `segments_per_call` segments or one, so that the compiled
+    # functions see the same shapes whatever the stream's length: a model is
+    # compiled once, not once per text (the rest after the last full call
+    # goes one segment per call). With `keep_final_state`, a short last
+    # segment is a call of its own, so that no padding token moves the
+    # state that is kept.
+    short_end = keep_final_state and predicted < num_segments * n
+    whole = num_segments - 1 if short_end else num_segments
     calls = []
-    for first in range(0, num_segments, segments_per_call):
-        count = min(segments_per_call, num_segments - first)
-        short_end = (
-            keep_final_state
-            and first + count == num_segments
-            and predicted < num_segments * n
-        )
-        if short_end and count > 1:
-            calls += [(first, count - 1, None), (num_segments - 1, 1, predicted)]
-        elif short_end:
-            calls.append((first, 1, predicted))
-        else:
-            calls.append((first, count, None))
+    first = 0
+    while segments_per_call > 1 and first + segments_per_call <= whole:
+        calls.append((first, segments_per_call, None))
+        first += segments_per_call
+    calls += [(s, 1, None) for s in range(first, whole)]
+    if short_end:
+        calls.append((num_segments - 1, 1, predicted))
 
     states = _recurrent_state.state_variables(model)
     callback_list = keras.callbacks.CallbackList(

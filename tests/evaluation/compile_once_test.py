@@ -1,0 +1,106 @@
+"""A model is compiled once, not once per text: scoring, dynamic evaluation
+and the neural cache trace nothing new for a stream of another length.
+
+Every call of `score_stream`'s scoring function holds `SEGMENTS_PER_CALL`
+segments or one (the rest after the last full call), and a windowed
+model's windows are `context_length` columns also for a short stream, so
+the compiled functions see the same shapes for any length. Counted here as
+the model's Python `call` running: on JAX and TensorFlow it runs when a
+function is traced, not when a compiled one runs.
+"""
+
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_mogrifier.evaluation import DynamicEvaluator
+from keras_mogrifier.evaluation import NeuralCache
+from keras_mogrifier.evaluation._stream_scoring import SEGMENTS_PER_CALL
+from keras_mogrifier.models import LanguageModel
+
+VOCAB = 13
+N = 3
+pytestmark = [
+    pytest.mark.compiled,  # what is counted is tracing
+    pytest.mark.skipif(
+        keras.backend.backend() == "torch", reason="PyTorch runs eagerly: nothing is traced"
+    ),
+]
+
+
+class CountingLanguageModel(LanguageModel):
+    calls = 0
+
+    def call(self, inputs, training=False, return_features=False):
+        CountingLanguageModel.calls += 1
+        return super().call(inputs, training=training, return_features=return_features)
+
+
+class CausalMean(keras.layers.Layer):
+    calls = 0
+
+    def call(self, x):
+        CausalMean.calls += 1
+        counts = ops.cast(ops.arange(1, ops.shape(x)[1] + 1), x.dtype)
+        return ops.cumsum(x, axis=1) / counts[None, :, None]
+
+
+def recurrent():
+    keras.utils.set_random_seed(0)
+    model = CountingLanguageModel(VOCAB, units=8, num_layers=1, batch_size=1)
+    model(np.zeros((1, 2), "int32"))
+    return model, CountingLanguageModel
+
+
+def windowed():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((None,), dtype="int32"),
+        keras.layers.Embedding(VOCAB, 4),
+        CausalMean(),
+        keras.layers.Dense(VOCAB),
+    ])
+    return model, CausalMean
+
+
+def text(segments, extra, seed):
+    """`segments` whole segments and `extra` more predicted tokens."""
+    return np.random.default_rng(seed).integers(0, VOCAB, segments * N + extra + 1)
+
+
+# Lengths with full calls and a rest, a short last segment or none, and a
+# text shorter than one call.
+FIRST = text(SEGMENTS_PER_CALL + 5, 2, 1)
+OTHERS = [text(2 * SEGMENTS_PER_CALL + 9, 1, 2), text(SEGMENTS_PER_CALL + 1, 0, 3), text(4, 1, 4)]
+
+
+def traces(counter, run):
+    before = counter.calls
+    run()
+    return counter.calls - before
+
+
+@pytest.mark.parametrize("family", ["recurrent", "windowed"])
+def test_a_text_of_another_length_traces_nothing_new(family):
+    model, counter = {"recurrent": recurrent, "windowed": windowed}[family]()
+    context = 16 if family == "windowed" else None
+    ev = DynamicEvaluator(model, update_rule="sgd", learning_rate=0.1, segment_length=N,
+                          context_length=context)
+    for adapt in (False, True):
+        def run(stream):
+            return lambda: ev.evaluate(stream, adapt=adapt, verbose=0)
+
+        traces(counter, run(FIRST))  # compiles
+        again = traces(counter, run(FIRST))  # the calls that are not tracing
+        for other in OTHERS:
+            assert traces(counter, run(other)) == again, (adapt, len(other))
+
+
+def test_the_neural_cache_traces_nothing_new_for_another_length():
+    model, counter = recurrent()
+    cache = NeuralCache(model, cache_size=10, segment_length=N)
+    traces(counter, lambda: cache.evaluate(FIRST, verbose=0))
+    again = traces(counter, lambda: cache.evaluate(FIRST, verbose=0))
+    for other in OTHERS:
+        assert traces(counter, lambda: cache.evaluate(other, verbose=0)) == again, len(other)
