@@ -83,11 +83,13 @@ def score_stream(
             at once. Defaults to `1`.
         context_length: int or `None`. For a model without carried state:
             each segment is given to `score_segments` in a window of
-            `W = context_length` columns that ends with
+            `W` columns that ends with
             its last real input (or the first `W` columns, when the segment
             ends before column `W`: a causal model's scores of the earlier
             columns do not depend on the later ones), so `x`, `y` and `w`
-            are `(K, batch, W)`, `w` non-zero on the segment's own real
+            are `(K, batch, W)` (`W = context_length`, or for a shorter
+            stream the power of two at or above its padded length, if
+            smaller), `w` non-zero on the segment's own real
             columns only, and `score_segments` returns `(K, batch, W)`
             losses of which those columns are kept. Defaults to `None` (the
             segment alone, `(K, batch, n)`).
@@ -105,11 +107,13 @@ def score_stream(
     predicted = time - 1
     num_segments = -(-predicted // n)
     num_groups = -(-num_streams // batch_size)
-    # A windowed model reads windows of `context_length` columns also from
-    # a stream shorter than that (padding after it, at weight 0: a causal
-    # model's scores of the earlier columns do not see it), so that every
-    # stream's windows have one shape.
-    columns = max(num_segments * n, context_length or 0)
+    # A windowed model reads windows of `context_length` columns; a stream
+    # shorter than that is padded (after it, at weight 0: a causal model's
+    # scores of the earlier columns do not see it) to a power of two
+    # columns, or `context_length`: few shapes, at most twice the work.
+    columns = num_segments * n
+    if context_length is not None and columns < context_length:
+        columns = min(context_length, 1 << (columns - 1).bit_length())
     inputs = np.zeros((num_groups * batch_size, columns), "int32")
     targets = np.zeros_like(inputs)
     weights = np.zeros(inputs.shape, "float32")

@@ -104,3 +104,23 @@ def test_the_neural_cache_traces_nothing_new_for_another_length():
     again = traces(counter, lambda: cache.evaluate(FIRST, verbose=0))
     for other in OTHERS:
         assert traces(counter, lambda: cache.evaluate(other, verbose=0)) == again, len(other)
+
+
+def test_short_texts_share_a_power_of_two_window():
+    """Texts shorter than the context are padded to a power of two columns:
+    two lengths in one bucket trace once; the losses are those of the text
+    alone in a window of its own length."""
+    model, counter = windowed()
+    ev = DynamicEvaluator(model, update_rule="sgd", segment_length=N, context_length=64)
+    first, second = text(7, 1, 5), text(9, 2, 6)  # 22 and 29 columns: both 32
+    traces(counter, lambda: ev.evaluate(first, adapt=False, verbose=0))
+    again = traces(counter, lambda: ev.evaluate(first, adapt=False, verbose=0))
+    assert traces(counter, lambda: ev.evaluate(second, adapt=False, verbose=0)) == again
+    losses = ev.evaluate(second, adapt=False, verbose=0, return_token_losses=True)
+    logits = keras.ops.convert_to_numpy(model(second[None, :-1])).astype("float64")[0]
+    logits -= logits.max(-1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    np.testing.assert_allclose(
+        losses["token_losses"][0], -log_p[np.arange(len(second) - 1), second[1:]],
+        rtol=1e-5, atol=1e-5,
+    )
