@@ -132,11 +132,13 @@ def test_the_pages_python_blocks_run(page, python_results):
         f"the worker stopped before {page} (exit {done.returncode}):\n"
         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )
-    wanted = [b.line for b in BLOCKS if b.page == page and b.language == "python"
-              and _runs_here(b)]
-    assert [r["line"] for r in results] == wanted, done.stderr[-3000:]
     for result in results:
         assert result["error"] is None, f"{page}:{result['line']} failed:\n{result['error']}"
+    wanted = [b.line for b in BLOCKS if b.page == page and b.language == "python"
+              and _runs_here(b)]
+    assert [r["line"] for r in results] == wanted, (
+        f"the worker stopped within {page} (exit {done.returncode}):\n{done.stderr[-3000:]}"
+    )
 
 
 @pytest.mark.parametrize("block", SHELL_BLOCKS, ids=[b.where for b in SHELL_BLOCKS])

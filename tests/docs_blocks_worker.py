@@ -39,24 +39,21 @@ def main(plan_path, results_path):
         results[page["page"]] = done = []
         failed = False
         for block in page["blocks"]:
-            if failed:
-                done.append({"line": block["line"], "seconds": 0.0, "cpu_seconds": 0.0,
-                             "error": "not run: a block before it failed"})
-                continue
             start, cpu = time.perf_counter(), time.process_time()
-            print(f"--- {page['page']}:{block['line']}", flush=True)
-            error = None
-            try:
-                for given in block["given"]:
-                    _run(given, f"{page['page']} (marker, given:)", block["marker_line"],
-                         namespace)
-                _run(block["code"], page["path"], block["line"] + 1, namespace)
-                for check in block["then"]:
-                    _run(check, f"{page['page']} (marker, then:)", block["marker_line"],
-                         namespace)
-            except BaseException:  # noqa: BLE001 — reported with its traceback
-                error = traceback.format_exc()
-                failed = True
+            error = "not run: a block before it failed" if failed else None
+            if not failed:
+                print(f"--- {page['page']}:{block['line']}", flush=True)
+                try:
+                    for given in block["given"]:
+                        _run(given, f"{page['page']} (marker, given:)", block["marker_line"],
+                             namespace)
+                    _run(block["code"], page["path"], block["line"] + 1, namespace)
+                    for check in block["then"]:
+                        _run(check, f"{page['page']} (marker, then:)", block["marker_line"],
+                             namespace)
+                except BaseException:  # noqa: BLE001 — reported with its traceback
+                    error = traceback.format_exc()
+                    failed = True
             done.append({"line": block["line"], "seconds": time.perf_counter() - start,
                          "cpu_seconds": time.process_time() - cpu, "error": error})
             with open(results_path, "w") as f:
