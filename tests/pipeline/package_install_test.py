@@ -153,7 +153,8 @@ def test_the_installed_package_is_imported_not_the_checkout(venv):
 def test_the_readmes_quick_start_runs_on_tiny_settings(venv):
     # The README's quick start and docs/getting-started.md's show the same
     # code; the README's marker names the tiny settings (each must apply).
-    blocks = {b.page: b for b in docs_blocks.blocks_run_by("tests/pipeline/package_install_test.py")}
+    by_this_test = docs_blocks.blocks_run_by("tests/pipeline/package_install_test.py")
+    blocks = {b.page: b for b in by_this_test}
     assert sorted(blocks) == ["README.md", "docs/getting-started.md"]
     assert blocks["README.md"].code == blocks["docs/getting-started.md"].code, (
         "the README's quick start and docs/getting-started.md's differ"
