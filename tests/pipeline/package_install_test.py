@@ -10,8 +10,9 @@ names its site-packages (a path line: its `.pth` files, and so its editable
 install of keras_mogrifier, are not run), so pip resolves the extra's
 requirements against them without a download. Then, from tmp_path with
 PYTHONPATH unset, the installed package must be the one imported, and the
-README's quick start (on tiny settings), `python -m keras_mogrifier` and the
-`keras-mogrifier` command must run there.
+README's quick start (on the tiny settings its marker names: docs_blocks.py),
+`python -m keras_mogrifier` and the `keras-mogrifier` command must run
+there.
 """
 
 import ast
@@ -27,6 +28,7 @@ import zipfile
 
 import pytest
 
+import docs_blocks
 from keras_mogrifier._version import __version__
 from keras_mogrifier.data import synthetic_lines
 
@@ -36,19 +38,6 @@ pytestmark = pytest.mark.once_per_suite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXTRAS = ("jax", "torch", "keras-hub", "plot", "tuning")
-
-# The README's quick start on tiny settings: each replacement must apply.
-TINY = {
-    "km.data.synthetic_corpus()": (
-        "km.data.synthetic_corpus(train_tokens=3000, valid_tokens=300, test_tokens=300)"
-    ),
-    "units=256": "units=16",
-    "mogrifier_rank=32": "mogrifier_rank=4",
-    "batch_size=64": "batch_size=4",
-    "sequence_length=35": "sequence_length=10",
-    "steps=50": "steps=5",
-    "corpus.test[:2001]": "corpus.test[:201]",
-}
 
 
 def _run(args, cwd, env=None):
@@ -162,16 +151,21 @@ def test_the_installed_package_is_imported_not_the_checkout(venv):
 
 
 def test_the_readmes_quick_start_runs_on_tiny_settings(venv):
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    code = re.search(r"\n## Quickstart\n.*?```python\n(.*?)```", readme, re.S).group(1)
-    for large, tiny in TINY.items():
-        assert large in code, f"the README's quick start no longer has {large!r}"
-        code = code.replace(large, tiny)
+    # The README's quick start and docs/getting-started.md's show the same
+    # code; the README's marker names the tiny settings (each must apply).
+    by_this_test = docs_blocks.blocks_run_by("tests/pipeline/package_install_test.py")
+    blocks = {b.page: b for b in by_this_test}
+    assert sorted(blocks) == ["README.md", "docs/getting-started.md"]
+    assert blocks["README.md"].code == blocks["docs/getting-started.md"].code, (
+        "the README's quick start and docs/getting-started.md's differ"
+    )
     script = venv["home"] / "quick_start.py"
-    script.write_text(code)
+    script.write_text(docs_blocks.block_code(blocks["README.md"]))
     out = _run([venv["python"], script.name], cwd=venv["home"], env=_user_env()).stdout
-    result = ast.literal_eval(out.strip().splitlines()[-1])  # the evaluation's dict
+    evaluation, sample = out.strip().splitlines()[-2:]
+    result = ast.literal_eval(evaluation)
     assert 1.0 < result["perplexity"] < 10_000 and result["num_tokens"] == 200
+    assert sample.startswith("the company said")  # text in, text out
 
 
 def test_the_command_line_runs_the_main_job(venv):
