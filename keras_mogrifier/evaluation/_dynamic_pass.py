@@ -140,6 +140,12 @@ def run(
             losses = []
             for start in range(0, count, per_window):
                 stop = min(count, start + per_window)
+                if not w[start:].any():
+                    # Only the padding of a call's last segments is left
+                    # (`score_stream` pads the last call to `K` segments):
+                    # nothing to score, the state is not read again.
+                    losses.append(np.zeros((count - start, batch, n), "float32"))
+                    break
                 losses.append(
                     checks.host_array(forward(window(x, start, stop), window(y, start, stop)))
                     .reshape(batch, stop - start, n).transpose(1, 0, 2)
@@ -202,7 +208,7 @@ def run(
             verbose=verbose, stop_on_divergence=stop_on_divergence,
             settings=settings, keep_final_state=keep_final_state,
             segments_per_call=per_call, context_length=width,
-            real_length=real_length,
+            real_length=real_length, pad_calls=not adapt,
         )
 
     completed = False

@@ -43,6 +43,7 @@ def score_stream(
     segments_per_call=1,
     context_length=None,
     real_length=None,
+    pad_calls=False,
 ):
     """Scores `streams` segment by segment and returns the report.
 
@@ -96,6 +97,13 @@ def score_stream(
         real_length: int or `None`. Predicted tokens per stream that are
             text; those after it are padding (weight 0, in no window), which
             the caller drops from `token_losses`. Defaults to `None` (all).
+        pad_calls: bool. Where nothing changes between segments (static
+            scoring), the segments after the last full call are one more
+            full call, padded with segments at weight 0 (their losses are
+            dropped), instead of a call per segment. Not with callbacks,
+            `keep_final_state` or `context_length` (a windowed model's
+            windows go side by side in calls of a fixed number of rows
+            anyway). Defaults to `False`.
 
     Returns:
         `(report, token_losses)`: the report holds `loss` (token-weighted mean
@@ -192,6 +200,15 @@ def score_stream(
     # state that is kept.
     short_end = keep_final_state and predicted < num_segments * n
     whole = num_segments - 1 if short_end else num_segments
+    if pad_calls and segments_per_call > 1 and not keep_final_state and width is None:
+        # Whole calls only: the last one holds padding segments at weight 0.
+        whole = -(-num_segments // segments_per_call) * segments_per_call
+        padded = whole * n
+        if padded > inputs.shape[1]:
+            extra = ((0, 0), (0, padded - inputs.shape[1]))
+            inputs, targets, weights = (
+                np.pad(a, extra) for a in (inputs, targets, weights)
+            )
     calls = []
     first = 0
     while segments_per_call > 1 and first + segments_per_call <= whole:
@@ -228,7 +245,7 @@ def score_stream(
                     callback_list.on_test_batch_begin(group * num_segments + first)
                 w, token_losses = score_call(rows, group, first, count, end)
                 chunk = np.asarray(token_losses, "float32") * w
-                for k in range(count):
+                for k in range(min(count, num_segments - first)):
                     s = first + k
                     index = group * num_segments + s
                     segment_losses = chunk[k]

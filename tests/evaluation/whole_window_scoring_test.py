@@ -75,7 +75,8 @@ def test_windows_score_like_segments_and_like_one_pass(cell, options, monkeypatc
     monkeypatch.setattr(_stream_scoring, "SEGMENTS_PER_CALL", 4)
     states = [to_numpy(v).copy() for v in model.recurrent_state_variables]
     whole, calls = score(model, stream, monkeypatch, True)
-    assert calls == {"forward": 2}  # 7 segments: windows of 4 and 3 segments
+    # 7 segments: windows of 4 segments, the second padded with one at weight 0.
+    assert calls == {"forward": 2}
     for v, s in zip(model.recurrent_state_variables, states):
         np.testing.assert_array_equal(to_numpy(v), s)
     segments, calls = score(model, stream, monkeypatch, False)
