@@ -16,14 +16,12 @@ with and without adaptation.
     python benchmarks/adaptive_generation.py --model runs/ptb/model.keras --data-dir DIR
 """
 
-import argparse
-import json
 import math
-import os
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+
+_harness.environment()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -44,9 +42,8 @@ def document_spans(ids, eos_id, count, length):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, data_dir="required")
     parser.add_argument("--model", required=True, help="a .keras LanguageModel with its vocabulary")
-    parser.add_argument("--data-dir", required=True, help="directory of ptb.{train,valid,test}.txt[.gz]")
     parser.add_argument("--split", default="test", choices=("valid", "test"),
                         help="where the documents come from (tune on valid)")
     parser.add_argument("--documents", type=int, default=20)
@@ -57,7 +54,6 @@ def main():
     parser.add_argument("--segment-length", type=int, default=5)
     parser.add_argument("--statistics-batches", type=int, default=500,
                         help="training batches for the gradient statistics")
-    parser.add_argument("--json")
     args = parser.parse_args()
 
     model = keras.saving.load_model(args.model)
@@ -131,8 +127,7 @@ def main():
     print(f"trained: ... {results['sample_static'][len(prompt):]}")
     print(f"adapted: ... {results['sample_adapted'][len(prompt):]}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        _harness.write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -55,16 +55,12 @@ Absolute times depend on the machine and its load; measure on a quiet one
 """
 
 import argparse
-import json
 import os
-import platform
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
-BACKENDS = ("tensorflow", "jax", "torch")
+import _harness
+
 CELLS = {
     "lstm": {"cell": "lstm"},
     "rlstm": {"cell": "rlstm"},
@@ -74,31 +70,18 @@ CELLS = {
 # `mogrifier_lstm` too with `--cells` (a quarter more time).
 DEFAULT_CELLS = ("lstm", "rlstm", "mogrifier_rlstm")
 KERAS_LSTM = "keras.layers.LSTM"
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 # === Worker: one backend, in its own process ===
 
 
-CPU_TIMES = {}  # measure name -> process CPU seconds of each repeat
-
-
-def _timed(fn, repeats, name=None):
-    """Median wall seconds of `repeats` calls, and all of them.
-
-    The process's CPU time of each call (all its threads, spinning ones
-    included) is kept in `CPU_TIMES[name]`: on a loaded machine the wall
-    time also counts the time the process waited for a core.
-    """
-    times, cpu = [], []
-    for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        fn()
-        times.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
-    if name is not None:
-        CPU_TIMES[name] = cpu
-    return statistics.median(times), times
+def _put(row, name, timing, count, unit="ms"):
+    """`timing` as `row`'s `<name>_<unit>` (median per item of `count`), its
+    CPU time (on a loaded machine the wall time also counts waiting for a
+    core) and every repeat."""
+    row[f"{name}_{unit}"] = timing.per(count)
+    row[f"{name}_{unit.replace('ms', 'cpu_ms', 1)}"] = timing.cpu_per(count)
+    row[f"{name}_{unit}_all"] = timing.all_per(count)
 
 
 def _tokens(args, vocabulary_size):
@@ -173,22 +156,17 @@ def _measure_cell(args, name, train_ids, test_ids):
 
     steps = args.train_steps
     model.fit(data, epochs=1, steps_per_epoch=args.warmup_steps, verbose=0)
-    median, times = _timed(
-        lambda: model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0), args.repeats,
-        "train",
+    timing = _harness.time_call(
+        lambda: model.fit(data, epochs=1, steps_per_epoch=steps, verbose=0), args.repeats
     )
-    row["train_ms"] = 1000 * median / steps
-    row["train_cpu_ms"] = 1000 * statistics.median(CPU_TIMES["train"]) / steps
-    row["train_ms_all"] = [1000 * t / steps for t in times]
-    row["tokens_per_s"] = args.batch * args.window / (median / steps)
+    _put(row, "train", timing, steps)
+    row["tokens_per_s"] = args.batch * args.window / (timing.median / steps)
 
     model.evaluate(data, steps=2, verbose=0)
-    median, times = _timed(
-        lambda: model.evaluate(data, steps=steps, verbose=0), args.repeats, "evaluate"
+    timing = _harness.time_call(
+        lambda: model.evaluate(data, steps=steps, verbose=0), args.repeats
     )
-    row["evaluate_ms"] = 1000 * median / steps
-    row["evaluate_cpu_ms"] = 1000 * statistics.median(CPU_TIMES["evaluate"]) / steps
-    row["evaluate_ms_all"] = [1000 * t / steps for t in times]
+    _put(row, "evaluate", timing, steps)
     if name == KERAS_LSTM:
         return row
 
@@ -203,18 +181,13 @@ def _measure_cell(args, name, train_ids, test_ids):
     evaluator.evaluate(stream, adapt=False, verbose=0)
     evaluator.evaluate(stream, verbose=0)
     tokens = len(stream) - 1
-    median, times = _timed(
-        lambda: evaluator.evaluate(stream, adapt=False, verbose=0), args.eval_repeats, "static"
+    per_token = "ms_per_token"
+    timing = _harness.time_call(
+        lambda: evaluator.evaluate(stream, adapt=False, verbose=0), args.eval_repeats
     )
-    row["static_ms_per_token"] = 1000 * median / tokens
-    row["static_cpu_ms_per_token"] = 1000 * statistics.median(CPU_TIMES["static"]) / tokens
-    row["static_ms_per_token_all"] = [1000 * t / tokens for t in times]
-    median, times = _timed(
-        lambda: evaluator.evaluate(stream, verbose=0), args.eval_repeats, "dynamic"
-    )
-    row["dynamic_ms_per_token"] = 1000 * median / tokens
-    row["dynamic_cpu_ms_per_token"] = 1000 * statistics.median(CPU_TIMES["dynamic"]) / tokens
-    row["dynamic_ms_per_token_all"] = [1000 * t / tokens for t in times]
+    _put(row, "static", timing, tokens, per_token)
+    timing = _harness.time_call(lambda: evaluator.evaluate(stream, verbose=0), args.eval_repeats)
+    _put(row, "dynamic", timing, tokens, per_token)
     row["dynamic_over_static"] = row["dynamic_ms_per_token"] / row["static_ms_per_token"]
     # The same, adapting every weight but the (tied) embedding table: the
     # share of the update's memory traffic that the 10k × units table is.
@@ -223,11 +196,10 @@ def _measure_cell(args, name, train_ids, test_ids):
     evaluator.gradient_statistics = {
         path: value for path, value in statistics_all.items() if "embedding" not in path
     }
-    evaluator.evaluate(stream, verbose=0)
-    median, times = _timed(
-        lambda: evaluator.evaluate(stream, verbose=0), args.eval_repeats, "dynamic_no_table"
+    timing = _harness.time_call(
+        lambda: evaluator.evaluate(stream, verbose=0), args.eval_repeats, warmup=1
     )
-    row["dynamic_no_table_ms_per_token"] = 1000 * median / tokens
+    row["dynamic_no_table_ms_per_token"] = timing.per(tokens)
     row["dynamic_no_table_over_static"] = (
         row["dynamic_no_table_ms_per_token"] / row["static_ms_per_token"]
     )
@@ -238,13 +210,11 @@ def _measure_cell(args, name, train_ids, test_ids):
     prompt = test_ids[: args.prompt_tokens]
     new = args.generate_tokens
     generator.generate(prompt, len(prompt) + 3, stop_token_ids=None)
-    median, times = _timed(
+    timing = _harness.time_call(
         lambda: generator.generate(prompt, len(prompt) + new, stop_token_ids=None),
-        args.eval_repeats, "generate",
+        args.eval_repeats,
     )
-    row["generate_ms_per_token"] = 1000 * median / new
-    row["generate_cpu_ms_per_token"] = 1000 * statistics.median(CPU_TIMES["generate"]) / new
-    row["generate_ms_per_token_all"] = [1000 * t / new for t in times]
+    _put(row, "generate", timing, new, per_token)
     return row
 
 
@@ -294,27 +264,21 @@ def gap_worker(args):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch, steps, units)).astype("float32")
     y = rng.normal(size=(batch, steps, 1)).astype("float32")
-    models = {}
+    steps_of = {}
     for name in GAP_CONFIGS:
         inputs = keras.Input(batch_shape=(batch, steps, units))
         outputs = keras.layers.Dense(1)(_gap_layer(name, units)(inputs))
         model = keras.Model(inputs, outputs)
         model.compile(optimizer="sgd", loss="mse", jit_compile=False)
-        for _ in range(2):
-            model.train_on_batch(x, y)
-        models[name] = model
-    samples = {name: [] for name in GAP_CONFIGS}
-    for _ in range(args.gap_rounds):
-        for name, model in models.items():
-            for _ in range(args.gap_steps):
-                start = time.perf_counter()
-                model.train_on_batch(x, y)
-                samples[name].append(time.perf_counter() - start)
-    base = statistics.median(samples["keras.layers.LSTM"])
+        steps_of[name] = lambda model=model: model.train_on_batch(x, y)
+    samples = _harness.time_interleaved(
+        steps_of, rounds=args.gap_rounds, repeats=args.gap_steps, warmup=2
+    )
+    base = samples["keras.layers.LSTM"].median
     return [
-        {"config": name, "step_ms": 1000 * statistics.median(samples[name]),
-         "ratio_vs_keras_lstm": statistics.median(samples[name]) / base,
-         "step_ms_all": [1000 * t for t in samples[name]]}
+        {"config": name, "step_ms": 1000 * samples[name].median,
+         "ratio_vs_keras_lstm": samples[name].median / base,
+         "step_ms_all": samples[name].all_per(1)}
         for name in GAP_CONFIGS
     ]
 
@@ -330,7 +294,8 @@ def _thread_settings(backend):
     return settings
 
 
-def worker(args):
+def worker(args, gap=False):
+    """One backend's rows (`gap_worker`'s with `gap`), in a process of its own."""
     import keras
 
     import keras_mogrifier  # noqa: F401  (the backend's settings, if any)
@@ -340,17 +305,10 @@ def worker(args):
         import torch
 
         torch.set_num_threads(args.torch_threads)
-    versions = {"keras": keras.__version__}
-    module = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}[backend]
-    versions[module] = __import__(module).__version__
-    if args.gap_worker:
-        with open(args.worker_output, "w") as f:
-            json.dump(
-                {"backend": backend, "versions": versions,
-                 "threads": _thread_settings(backend), "rows": gap_worker(args)},
-                f, indent=2,
-            )
-        return
+    result = {"backend": backend, "versions": _harness.versions(),
+              "threads": _thread_settings(backend)}
+    if gap:
+        return dict(result, rows=gap_worker(args))
     train_ids, test_ids = _tokens(args, args.vocabulary)
     names = list(args.cells) + ([KERAS_LSTM] if args.keras_lstm else [])
     rows = []
@@ -363,54 +321,24 @@ def worker(args):
         ), file=sys.stderr, flush=True)
         rows.append(row)
         keras.backend.clear_session()
-    with open(args.worker_output, "w") as f:
-        json.dump(
-            {"backend": backend, "versions": versions,
-             "threads": _thread_settings(backend), "rows": rows},
-            f, indent=2,
-        )
+    return dict(result, rows=rows)
 
 
 # === Driver: every backend, one after the other ===
 
 
-def _load_average():
-    try:
-        return list(os.getloadavg())
-    except OSError:
-        return None
-
-
-def _busy_processes(count):
-    return [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(count)
-    ]
-
-
-def run_backend(backend, argv, load):
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
-        path = out.name
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-    busy = _busy_processes(load)
-    before = _load_average()
-    try:
-        started = time.perf_counter()
-        subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--worker-output", path] + argv,
-            env=env, check=True,
-        )
-        seconds = time.perf_counter() - started
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
-    with open(path) as f:
-        result = json.load(f)
-    os.remove(path)
+def run_backend(backend, args, gap=False):
+    """`worker(args, gap)` in a fresh process on `backend`, with `args.load`
+    busy processes beside it, its load averages and seconds."""
+    before = _harness.load_average()
+    started = time.perf_counter()
+    result = _harness.run_in_backend(
+        worker, args, gap, backend=backend, env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        busy=args.load,
+    )
     result["load_average_before"] = before
-    result["load_average_after"] = _load_average()
-    result["seconds"] = seconds
+    result["load_average_after"] = _harness.load_average()
+    result["seconds"] = time.perf_counter() - started
     return result
 
 
@@ -495,25 +423,6 @@ SIZES = {
 }
 
 
-def _machine():
-    model = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(
-                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                model,
-            )
-    except OSError:
-        pass
-    return {
-        "cpus": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "processor": model,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
 def print_gap_table(gap):
     backends = list(gap)
     print("| configuration | " + " | ".join(
@@ -544,10 +453,10 @@ def _jit_setting(text):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, json_flag=False, backends=_harness.BACKENDS,
+                                      quiet=True)
     parser.add_argument("--quick", action="store_true",
                         help="a few steps and tokens of everything: checks that it runs")
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--cells", nargs="+", default=list(DEFAULT_CELLS), choices=list(CELLS))
     parser.add_argument("--keras-lstm", action="store_true",
                         help="also time the model with keras.layers.LSTM layers")
@@ -564,7 +473,8 @@ def main():
     for name, (full, quick) in SIZES.items():
         parser.add_argument("--" + name.replace("_", "-"), type=int,
                             help=f"default {full} ({quick} with --quick)")
-    parser.add_argument("--gap-backends", nargs="*", default=list(BACKENDS), choices=BACKENDS,
+    parser.add_argument("--gap-backends", nargs="*", default=list(_harness.BACKENDS),
+                        choices=_harness.BACKENDS,
                         help="backends of the cells-vs-keras.layers.LSTM comparison "
                              "(none: skip it)")
     parser.add_argument("--gap-units", type=int, default=400)
@@ -578,22 +488,18 @@ def main():
     parser.add_argument("--data-dir", help="a corpus folder (ptb.{train,test}.txt): real tokens")
     parser.add_argument("--json", help="output (default: benchmarks/results/backends_quiet.json, "
                         "backends_load<N>.json with --load N, backends_quick.json with --quick)")
-    parser.add_argument("--worker-output", help=argparse.SUPPRESS)
-    parser.add_argument("--gap-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name, (full, quick) in SIZES.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else full)
-    if args.worker_output:
-        worker(args)
-        return
-    argv = [a for a in sys.argv[1:]]
-    started = {"load_average": _load_average(), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
+    started = {"load_average": quiet["load_average"],
+               "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     clock = time.perf_counter()
-    results = [run_backend(b, argv, args.load) for b in args.backends]
+    results = [run_backend(b, args) for b in args.backends]
     summarise(results)
     gap = {
-        b: [run_backend(b, argv + ["--gap-worker"], args.load) for _ in range(args.gap_runs)]
+        b: [run_backend(b, args, gap=True) for _ in range(args.gap_runs)]
         for b in args.gap_backends
     }
     setting = (
@@ -621,17 +527,14 @@ def main():
         "backends_quick.json" if args.quick
         else "backends_quiet.json" if args.load == 0 else f"backends_load{args.load}.json"
     )
-    path = args.json or os.path.join(RESULTS, default)
-    with open(path, "w") as f:
-        json.dump(
-            {"setting": setting, "gap_setting": gap_setting,
-             "command": "python benchmarks/backends.py " + " ".join(argv),
-             "quick": args.quick, "machine": _machine(), "started": started,
-             "finished_load_average": _load_average(),
-             "seconds": time.perf_counter() - clock,
-             "results": results, "gap": gap},
-            f, indent=2,
-        )
+    path = args.json or os.path.join(_harness.RESULTS, default)
+    _harness.write_json(path, {
+        "setting": setting, "gap_setting": gap_setting,
+        "command": _harness.command_line(__file__), "quick": args.quick,
+        "machine": _harness.machine(), "quiet_machine": quiet, "started": started,
+        "finished_load_average": _harness.load_average(),
+        "seconds": time.perf_counter() - clock, "results": results, "gap": gap,
+    })
     print(f"wrote {path} ({(time.perf_counter() - clock) / 60:.1f} min)")
 
 

@@ -20,7 +20,6 @@ Prints a table and writes it as JSON:
         --json benchmarks/results/bad_input_sweep_torch.json
 """
 
-import argparse
 import json
 import os
 import tempfile
@@ -28,8 +27,9 @@ import traceback
 import warnings
 import zipfile
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+
+_harness.environment()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -491,9 +491,7 @@ def _round_four(sweep):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the rows here")
-    args = parser.parse_args()
+    args = _harness.argument_parser(__doc__).parse_args()
     rows = run()
     width = max(len(r["api"]) + len(r["input"]) for r in rows) + 3
     for r in rows:
@@ -505,13 +503,11 @@ def main():
           f"silently (severity ≥ 3), {len(not_ok) - len(bad)} answer with an internal "
           f"error; worst severity {worst}")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"command": "KERAS_BACKEND=" + keras.backend.backend()
-                       + " python benchmarks/bad_input_sweep.py --json " + args.json,
-                       "backend": keras.backend.backend(), "cases": len(rows),
-                       "severity_3_or_more": len(bad),
-                       "internal_errors": len(not_ok) - len(bad), "rows": rows}, f, indent=2)
+        _harness.write_json(args.json, {
+            "command": _harness.command_line(__file__, backend=keras.backend.backend()),
+            "backend": keras.backend.backend(), "cases": len(rows),
+            "severity_3_or_more": len(bad), "internal_errors": len(not_ok) - len(bad),
+            "rows": rows})
     return rows
 
 

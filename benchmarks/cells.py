@@ -23,17 +23,9 @@ steps, minus that of one that only builds it and runs a forward pass — what a
 training step costs on top of the weights, compiled code included.
 """
 
-import argparse
-import json
-import os
-import resource
-import statistics
-import subprocess
-import sys
-import time
+import _harness
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_harness.environment()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -84,15 +76,6 @@ def build(name, units, batch, steps, jit_compile, unroll):
     return model
 
 
-def time_steps(model, x, y, repeats):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model.train_on_batch(x, y)
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def run(units_list, batch, steps, rounds, repeats, jit_compile, unroll, names):
     rng = np.random.default_rng(0)
     results = []
@@ -100,15 +83,14 @@ def run(units_list, batch, steps, rounds, repeats, jit_compile, unroll, names):
         x = rng.normal(size=(batch, steps, units)).astype("float32")
         y = rng.normal(size=(batch, steps, units)).astype("float32")
         models = {n: build(n, units, batch, steps, jit_compile, unroll) for n in names}
-        for model in models.values():  # compile and warm up
-            time_steps(model, x, y, 2)
-        samples = {n: [] for n in names}
-        for _ in range(rounds):  # interleaved: each round times every model
-            for n, model in models.items():
-                samples[n].extend(time_steps(model, x, y, repeats))
-        base = statistics.median(samples[BASELINE])
+        # Interleaved: each round times every model; two warm-up steps compile.
+        samples = _harness.time_interleaved(
+            {n: (lambda m=model: m.train_on_batch(x, y)) for n, model in models.items()},
+            rounds=rounds, repeats=repeats, warmup=2,
+        )
+        base = samples[BASELINE].median
         for n in names:
-            med = statistics.median(samples[n])
+            med = samples[n].median
             results.append(
                 {
                     "units": units,
@@ -121,13 +103,8 @@ def run(units_list, batch, steps, rounds, repeats, jit_compile, unroll, names):
     return results
 
 
-def _peak_rss_mib():
-    # ru_maxrss is in KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
 def memory_worker(name, units, batch, steps, jit_compile, train):
-    """Prints the peak RSS (MiB) of building `name` and (if `train`) 3 steps."""
+    """The peak RSS (MiB) of building `name` and (if `train`) 3 train steps."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch, steps, units)).astype("float32")
     y = rng.normal(size=(batch, steps, units)).astype("float32")
@@ -136,20 +113,18 @@ def memory_worker(name, units, batch, steps, jit_compile, train):
     if train:
         for _ in range(3):
             model.train_on_batch(x, y)
-    print(f"PEAK_RSS_MIB {_peak_rss_mib():.1f}")
+    return _harness.peak_memory_mib()
 
 
 def measure_memory(names, units, batch, steps, jit_compile):
+    """Each configuration's peak memory, built and trained, each in its own process."""
     results = []
     for name in names:
-        peaks = []
-        for train in (False, True):
-            command = [
-                sys.executable, os.path.abspath(__file__), "--memory-worker", name,
-                "--units", str(units), "--batch", str(batch), "--steps", str(steps),
-            ] + (["--jit-compile"] if jit_compile else []) + (["--train"] if train else [])
-            out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-            peaks.append(float(out.split("PEAK_RSS_MIB")[-1].split()[0]))
+        peaks = [
+            _harness.run_in_backend(memory_worker, name, units, batch, steps, jit_compile,
+                                    train, capture_output=True)
+            for train in (False, True)
+        ]
         results.append(
             {"units": units, "config": name, "build_mib": peaks[0],
              "train_step_mib": peaks[1] - peaks[0]}
@@ -183,7 +158,7 @@ def print_table(results, header):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, quiet=True)
     parser.add_argument("--units", type=int, nargs="+", default=[400, 650])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=35)
@@ -193,17 +168,11 @@ def main():
     parser.add_argument("--unroll", action="store_true")
     parser.add_argument("--policy", default="float32")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS))
-    parser.add_argument("--json", help="write the results to this file")
     parser.add_argument("--memory", action="store_true",
                         help="peak memory of a train step instead of its time")
-    parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
-    parser.add_argument("--train", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     keras.config.set_dtype_policy(args.policy)
-    if args.memory_worker:
-        memory_worker(args.memory_worker, args.units[0], args.batch, args.steps,
-                      args.jit_compile, args.train)
-        return
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     names = [BASELINE] + [n for n in args.configs if n != BASELINE]
     if args.memory:
         header = (
@@ -217,8 +186,8 @@ def main():
         ]
         print_memory_table(results, header)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"setting": header, "results": results}, f, indent=2)
+            _harness.write_json(
+                args.json, {"setting": header, "quiet_machine": quiet, "results": results})
         return
     results = run(
         args.units, args.batch, args.steps, args.rounds, args.repeats,
@@ -231,8 +200,8 @@ def main():
     )
     print_table(results, header)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"setting": header, "results": results}, f, indent=2)
+        _harness.write_json(
+            args.json, {"setting": header, "quiet_machine": quiet, "results": results})
 
 
 if __name__ == "__main__":

@@ -13,17 +13,15 @@ machine (the load average is recorded).
         --json benchmarks/results/checkpoint_cost.json
 """
 
-import argparse
-import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import _harness
+
+_harness.environment("jax", log_level="3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -52,12 +50,12 @@ class StepTimes(keras.callbacks.Callback):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json")
+    parser = _harness.argument_parser(__doc__, quiet=True)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--intervals", type=int, nargs="+", default=[50, 100, 200, 500])
     args = parser.parse_args(argv)
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     keras.utils.set_random_seed(0)
     vocabulary, batch, window = 10_000, 32, 35
     ids = np.random.default_rng(0).integers(0, vocabulary, size=batch * window * (args.steps + 2))
@@ -74,21 +72,19 @@ def main(argv=None):
         checkpoint.bind(model, data, len(data), [])
         timings = {}
         for kind, within in (("within_epoch", True), ("epoch_end", False)):
-            times = []
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                checkpoint._save(0, 1 if within else 0, within_epoch=within, logs={"loss": 1.0})
-                times.append(time.perf_counter() - start)
-            timings[kind] = statistics.median(times)
+            timings[kind] = _harness.time_call(
+                lambda: checkpoint._save(0, 1 if within else 0, within_epoch=within,
+                                         logs={"loss": 1.0}),
+                args.repeats,
+            ).median
         sizes = {name: os.path.getsize(os.path.join(directory, name))
                  for name in os.listdir(directory)}
     record = {
-        "command": "KERAS_BACKEND={} python benchmarks/checkpoint_cost.py {}".format(
-            keras.backend.backend(), " ".join(argv if argv is not None else sys.argv[1:])
-        ),
+        "command": _harness.command_line(__file__, argv, backend=keras.backend.backend()),
         "backend": keras.backend.backend(),
         "host": platform.node(),
-        "load_average_1min": os.getloadavg()[0],
+        "load_average_1min": _harness.load_average()[0],
+        "quiet_machine": quiet,
         "parameters": int(sum(np.prod(w.shape) for w in model.trainable_weights)),
         "step_seconds": step_seconds,
         "checkpoint_seconds": timings,
@@ -104,8 +100,7 @@ def main(argv=None):
     for n, share in record["overhead_within_epoch"].items():
         print(f"  every {n} steps: +{100 * share:.2f} % of training time")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(record, f, indent=1)
+        _harness.write_json(args.json, record, indent=1)
 
 
 if __name__ == "__main__":

@@ -24,15 +24,11 @@ noise; ratios measured side by side are not.
     python benchmarks/dyneval.py --segment-lengths 5 20 --json dyneval.json
 """
 
-import argparse
-import json
-import os
 import statistics
-import sys
-import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+
+_harness.environment()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -98,8 +94,7 @@ def with_unit_statistics(evaluator):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", default=None, help="directory of ptb.*.txt(.gz)")
+    parser = _harness.argument_parser(__doc__, data_dir="optional", quiet=True)
     parser.add_argument("--tokens", type=int, default=2000, help="test tokens scored")
     parser.add_argument("--vocabulary", type=int, default=10000)
     parser.add_argument("--units", type=int, default=200, help="embedding and LSTM size")
@@ -108,8 +103,8 @@ def main():
     parser.add_argument("--sparse-units", type=int, default=100, help="H")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--jit-compile", action="store_true")
-    parser.add_argument("--json", default=None, help="write the rows to this file")
     args = parser.parse_args()
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
 
     tokens, vocabulary = test_tokens(args)
     jit = bool(args.jit_compile)
@@ -146,16 +141,12 @@ def main():
     def run(name):
         evaluator, kwargs = runs[name]
         x = sparse_x if name.startswith("sparse") else tokens
-        start = time.perf_counter()
-        result = evaluator.evaluate(x, verbose=0, **kwargs)
-        return result["num_tokens"] / (time.perf_counter() - start)
+        return evaluator.evaluate(x, verbose=0, **kwargs)["num_tokens"]
 
-    for name in runs:  # warm-up: tracing
-        run(name)
-    speeds = {name: [] for name in runs}
-    for _ in range(args.rounds):
-        for name in runs:
-            speeds[name].append(run(name))
+    scored = {name: run(name) for name in runs}  # warm-up: tracing
+    times = _harness.time_interleaved({name: (lambda n=name: run(n)) for name in runs},
+                                      rounds=args.rounds)
+    speeds = {name: [scored[name] / t for t in timing.wall] for name, timing in times.items()}
     best = {name: max(v) for name, v in speeds.items()}
     median = {name: statistics.median(v) for name, v in speeds.items()}
 
@@ -191,12 +182,11 @@ def main():
         )
         print(f"| {row['configuration']:<34} | {row['tokens_per_second']:8.0f} | {ratio:>16} |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": "python " + " ".join(sys.argv),
-                       "backend": keras.backend.backend(),
-                       # Timings on a shared machine: its load, 1/5/15 min.
-                       "load_average_at_end": list(os.getloadavg()),
-                       "arguments": vars(args), "rows": rows}, f, indent=2)
+        _harness.write_json(args.json, {
+            "command": _harness.command_line(__file__), "backend": keras.backend.backend(),
+            # Timings on a shared machine: its load, 1/5/15 min.
+            "quiet_machine": quiet, "load_average_at_end": _harness.load_average(),
+            "arguments": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -12,15 +12,11 @@ printed table marks `x` diverged, `+` better than static, `-` worse.
         --data-dir /work/shared/data/ptb --json divergence.json
 """
 
-import argparse
-import json
-import math
-import os
-import sys
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+
+_harness.environment()
 
 import keras  # noqa: E402
 
@@ -31,9 +27,8 @@ from keras_mogrifier.tuning import DynamicEvaluationTuner  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, data_dir="optional")
     parser.add_argument("--model", required=True, help="a saved .keras LanguageModel")
-    parser.add_argument("--data-dir", help="directory of ptb.{train,valid,test}.txt[.gz]")
     parser.add_argument("--learning-rates", type=float, nargs="+",
                         default=[1e-5, 3e-5, 1e-4, 1.7e-4, 3e-4, 1e-3])
     parser.add_argument("--epsilons", type=float, nargs="+",
@@ -45,7 +40,6 @@ def parse_args(argv=None):
     parser.add_argument("--max-tokens", type=int, default=2000)
     parser.add_argument("--statistics-tokens", type=int, default=200_000)
     parser.add_argument("--directory", default="runs/dyneval_divergence")
-    parser.add_argument("--json", help="write the results here")
     return parser.parse_args(argv)
 
 
@@ -87,11 +81,10 @@ def main(argv=None):
         ]
         print(f"{epsilon:8.2g}  " + " ".join(f"{m:>8}" for m in marks))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": "python " + " ".join(sys.argv),
-                       "backend": keras.backend.backend(),
-                       "static_loss": static, "max_loss": tuner.max_loss,
-                       "rows": rows}, f, indent=2)
+        _harness.write_json(args.json, {"command": _harness.command_line(__file__, argv),
+                                        "backend": keras.backend.backend(),
+                                        "static_loss": static, "max_loss": tuner.max_loss,
+                                        "rows": rows})
     return rows
 
 

@@ -16,15 +16,12 @@ same dropout masks and read the same first epoch.
 Without `--data-dir` the embedded synthetic corpus is used (a smoke run).
 """
 
-import argparse
-import json
-import os
 import platform
-import sys
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import _harness
+
+_harness.environment("jax", log_level="3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -94,9 +91,7 @@ def run(corpus, args, batch_size, reset):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir")
-    parser.add_argument("--json")
+    parser = _harness.argument_parser(__doc__, data_dir="optional")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--cell", default="lstm")
@@ -109,9 +104,7 @@ def main(argv=None):
         else synthetic_corpus(train_tokens=20_000, valid_tokens=4_000, test_tokens=4_000)
     )
     record = {
-        "command": "KERAS_BACKEND={} python benchmarks/epoch_boundary.py {}".format(
-            keras.backend.backend(), " ".join(argv if argv is not None else sys.argv[1:])
-        ),
+        "command": _harness.command_line(__file__, argv, backend=keras.backend.backend()),
         "corpus": corpus.source,
         "model": {"cell": args.cell, "units": args.units, "layers": 2, "preset": "tiny"},
         "host": platform.node(),
@@ -133,9 +126,7 @@ def main(argv=None):
                 flush=True,
             )
             if args.json:  # each finished run at once
-                os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-                with open(args.json, "w") as f:
-                    json.dump(record, f, indent=1)
+                _harness.write_json(args.json, record, indent=1)
 
 
 if __name__ == "__main__":

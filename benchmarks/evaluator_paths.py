@@ -25,9 +25,7 @@ Measure on a quiet machine: the load average before and after each backend
 is stored with the results (`benchmarks/results/evaluator_paths.json`).
 """
 
-import statistics
-import time
-
+import _harness
 import per_backend  # benchmarks/per_backend.py, beside this script
 
 CELLS = {
@@ -65,27 +63,20 @@ def worker(args):
             finally:
                 torch_backend.in_place_update = original
 
-        losses, times = {}, {}
+        losses = {}
         for path in ("former", "new"):  # warm-up: builds every call length
             for adapt in (False, True):
                 losses[path, adapt] = run(path, adapt, return_token_losses=True)["token_losses"]
-                times[path, adapt] = []
-        for _ in range(args.repeats):
-            for adapt in (False, True):
-                for path in ("former", "new"):
-                    wall, cpu = time.perf_counter(), time.process_time()
-                    run(path, adapt)
-                    times[path, adapt].append(
-                        (time.perf_counter() - wall, time.process_time() - cpu)
-                    )
+        times = _harness.time_interleaved(
+            {(path, adapt): (lambda p=path, a=adapt: run(p, a))
+             for adapt in (False, True) for path in ("former", "new")},
+            rounds=args.repeats,
+        )
         row = {"cell": name}
         for path in ("former", "new"):
             for adapt, kind in ((False, "static"), (True, "dynamic")):
-                spans = times[path, adapt]
-                row[f"{path}_{kind}_ms_per_token"] = 1000 * statistics.median(
-                    t[0] for t in spans) / args.tokens
-                row[f"{path}_{kind}_cpu_ms_per_token"] = 1000 * statistics.median(
-                    t[1] for t in spans) / args.tokens
+                row[f"{path}_{kind}_ms_per_token"] = times[path, adapt].per(args.tokens)
+                row[f"{path}_{kind}_cpu_ms_per_token"] = times[path, adapt].cpu_per(args.tokens)
             row[f"{path}_dynamic_over_static"] = (
                 row[f"{path}_dynamic_ms_per_token"] / row[f"{path}_static_ms_per_token"]
             )
@@ -105,9 +96,7 @@ def main():
     args = per_backend.parse_arguments(
         __doc__.splitlines()[0], CELLS, repeats=2, json_name="evaluator_paths.json"
     )
-    results = per_backend.worker_or_each_backend(__file__, args, worker)
-    if results is None:
-        return
+    results = per_backend.run(__file__, args, worker)
     print("| cell | backend | static, former → new (ms/token) | dynamic, former → new "
           "(ms/token) | dynamic / static, former → new | max |Δ loss| static, dynamic |")
     print("| --- | --- | --- | --- | --- | --- |")

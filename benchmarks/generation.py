@@ -16,14 +16,9 @@ ratio to `generate`.
     python benchmarks/generation.py --units 400 --batch 1 8 --json generation.json
 """
 
-import argparse
-import json
-import os
-import statistics
-import time
+import _harness
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_harness.environment()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -60,7 +55,7 @@ def full_prefix(stateless, prompts, new_tokens):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, quiet=True)
     parser.add_argument("--cell", default="mogrifier_lstm")
     parser.add_argument("--units", type=int, default=400)
     parser.add_argument("--layers", type=int, default=2)
@@ -70,8 +65,8 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-full-prefix", action="store_true")
-    parser.add_argument("--json")
     args = parser.parse_args()
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     rows = []
     for batch in args.batch:
         keras.utils.set_random_seed(0)
@@ -99,17 +94,11 @@ def main():
             prompts, max_length=args.prompt_length + args.new_tokens, stop_token_ids=None
         )
         same = bool(np.array_equal(np.stack(got)[:, args.prompt_length :], expected))
-        for run in methods.values():  # warm-up: compile and trace
-            run()
-        times = {name: [] for name in methods}
-        for _ in range(args.rounds):
-            for name, run in methods.items():
-                start = time.perf_counter()
-                run()
-                times[name].append(time.perf_counter() - start)
-        base = statistics.median(times["generate"])
+        # One warm-up call each compiles and traces.
+        times = _harness.time_interleaved(methods, rounds=args.rounds, warmup=1)
+        base = times["generate"].median
         for name in methods:
-            median = statistics.median(times[name])
+            median = times[name].median
             rows.append({
                 "batch": batch, "method": name, "seconds": median,
                 "tokens_per_s": batch * args.new_tokens / median,
@@ -129,8 +118,8 @@ def main():
     if not all(r["same_text_as_step_loop"] for r in rows):
         print("warning: generate and the step loop gave different greedy text")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"setting": setting, "rows": rows}, f, indent=2)
+        _harness.write_json(args.json, {"setting": setting, "quiet_machine": quiet,
+                                        "rows": rows})
 
 
 if __name__ == "__main__":

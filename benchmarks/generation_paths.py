@@ -32,9 +32,8 @@ is stored with the results (`benchmarks/results/generation_paths.json`).
 """
 
 import contextlib
-import statistics
-import time
 
+import _harness
 import per_backend  # benchmarks/per_backend.py, beside this script
 
 CELLS = {
@@ -94,20 +93,15 @@ def worker(args):
                     prompt, max_length=20 + args.tokens, stop_token_ids=None
                 )
 
-        outputs, times = {}, {"former": [], "new": []}
-        for path in ("former", "new"):  # warm-up (and, off PyTorch, the traces)
-            outputs[path] = np.asarray(keras.ops.convert_to_numpy(run(path)))
-        for _ in range(args.repeats):
-            for path in ("former", "new"):
-                wall, cpu = time.perf_counter(), time.process_time()
-                run(path)
-                times[path].append((time.perf_counter() - wall, time.process_time() - cpu))
+        outputs = {path: np.asarray(keras.ops.convert_to_numpy(run(path)))
+                   for path in ("former", "new")}  # warm-up (and, off PyTorch, the traces)
+        times = _harness.time_interleaved(
+            {path: (lambda p=path: run(p)) for path in ("former", "new")}, rounds=args.repeats
+        )
         row = {"cell": name, "same_ids": bool(np.array_equal(outputs["former"], outputs["new"]))}
         for path in ("former", "new"):
-            row[f"{path}_ms_per_token"] = 1000 * statistics.median(
-                t[0] for t in times[path]) / args.tokens
-            row[f"{path}_cpu_ms_per_token"] = 1000 * statistics.median(
-                t[1] for t in times[path]) / args.tokens
+            row[f"{path}_ms_per_token"] = times[path].per(args.tokens)
+            row[f"{path}_cpu_ms_per_token"] = times[path].cpu_per(args.tokens)
         row["speedup"] = row["former_ms_per_token"] / row["new_ms_per_token"]
         rows.append(row)
         print(f"{backend} {name}: {row['former_ms_per_token']:.2f} -> "
@@ -119,9 +113,7 @@ def main():
     args = per_backend.parse_arguments(
         __doc__.splitlines()[0], CELLS, repeats=3, json_name="generation_paths.json"
     )
-    results = per_backend.worker_or_each_backend(__file__, args, worker)
-    if results is None:
-        return
+    results = per_backend.run(__file__, args, worker)
     print("| cell | backend | generate, former → new (ms/token) | CPU, former → new "
           "(ms/token) | speed-up | same ids |")
     print("| --- | --- | --- | --- | ---: | --- |")

@@ -55,17 +55,14 @@ backends) and part b's training budget is cut to what the deadline leaves
 """
 
 import argparse
-import json
 import os
-import platform
-import statistics
 import subprocess
-import sys
 import time
 import traceback
 
+import _harness
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
 CELLS = ("lstm", "rlstm", "mogrifier_rlstm")
 PAPER_CELLS = ("lstm", "mogrifier_rlstm")
@@ -88,58 +85,12 @@ EPOCHS_NOTE = (
 # === The JSON, rewritten after every item ===
 
 
-def _load(path):
-    with open(path) as f:
-        return json.load(f)
-
-
-def _save(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
-
-
-def _record(path, part, backend, key, value):
-    """Sets `data[part][backend][key] = value` (a list key appends)."""
-    data = _load(path)
-    entry = data.setdefault(part, {}).setdefault(backend, {})
-    if isinstance(entry.get(key), list):
-        entry[key].append(value)
-    else:
-        entry[key] = value
-    _save(path, data)
+def _record(path, part, backend, key, value, append=False):
+    """Sets (or appends to) `data[part][backend][key]` in the JSON at once."""
+    _harness.merge_json(path, [part, backend, key], value, append=append)
 
 
 # === Workers ===
-
-
-def _versions():
-    import keras
-
-    backend = keras.backend.backend()
-    versions = {"keras": keras.__version__, "python": platform.python_version()}
-    module = __import__(backend)
-    versions[backend] = module.__version__
-    if backend == "jax":
-        import jax
-
-        versions["devices"] = [str(d) for d in jax.devices()]
-        versions["jax_default_matmul_precision"] = str(
-            jax.config.jax_default_matmul_precision
-        )
-    if backend == "torch":
-        import torch
-
-        versions["cuda"] = torch.version.cuda
-        versions["cudnn"] = torch.backends.cudnn.version()
-        versions["float32_matmul_precision"] = torch.get_float32_matmul_precision()
-        versions["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
-        versions["devices"] = (
-            [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            if torch.cuda.is_available() else ["cpu"]
-        )
-    return versions
 
 
 def _sync():
@@ -154,14 +105,9 @@ def _sync():
 
 
 def _timed(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        _sync()
-        start = time.perf_counter()
-        fn()
-        _sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), times
+    """Median seconds of `repeats` calls, and all of them, the device waited for."""
+    timing = _harness.time_call(fn, repeats, sync=_sync)
+    return timing.median, timing.wall
 
 
 def _backends_args(args):
@@ -195,7 +141,7 @@ def _measure_cell(args, name, train_ids, test_ids, path, backend, deadline):
     row["train_ms_all"] = [1000 * t / steps for t in times]
     row["tokens_per_s"] = args.batch * args.window / (median / steps)
     row["seconds"] = time.perf_counter() - started
-    _record(path, "part_a", backend, "rows", dict(row))
+    _record(path, "part_a", backend, "rows", dict(row), append=True)
     if time.time() > deadline:
         row["evaluation_skipped"] = "part a's time budget spent"
         _replace_last_row(path, backend, row)
@@ -237,9 +183,9 @@ def _measure_cell(args, name, train_ids, test_ids, path, backend, deadline):
 
 
 def _replace_last_row(path, backend, row):
-    data = _load(path)
+    data = _harness.read_json(path)
     data["part_a"][backend]["rows"][-1] = row
-    _save(path, data)
+    _harness.write_json(path, data)
 
 
 def _reference_batch(args):
@@ -368,7 +314,7 @@ def _tokens(args):
 def _skip(path, backend, item, deadline):
     if time.time() <= deadline:
         return False
-    _record(path, "part_a", backend, "skipped", item)
+    _record(path, "part_a", backend, "skipped", item, append=True)
     print(f"[{backend}] {item}: skipped (part a's time budget spent)", flush=True)
     return True
 
@@ -380,7 +326,7 @@ def worker_a(args, path):
 
     backend = keras.backend.backend()
     deadline = args.worker_deadline
-    _record(path, "part_a", backend, "versions", _versions())
+    _record(path, "part_a", backend, "versions", _harness.versions())
     _record(path, "part_a", backend, "rows", [])
     _record(path, "part_a", backend, "references", [])
     _record(path, "part_a", backend, "skipped", [])
@@ -398,15 +344,15 @@ def worker_a(args, path):
         try:
             if item == "keras.layers.LSTM":
                 row = _keras_lstm_reference(args)
-                _record(path, "part_a", backend, "references", row)
+                _record(path, "part_a", backend, "references", row, append=True)
             elif item == "torch.nn.LSTM":
                 row = _torch_lstm_reference(args)
-                _record(path, "part_a", backend, "references", row)
+                _record(path, "part_a", backend, "references", row, append=True)
             else:
                 row = _measure_cell(args, item, train_ids, test_ids, path, backend, deadline)
         except Exception:  # recorded; the next item still runs
             _record(path, "part_a", backend, "errors",
-                    {"item": item, "traceback": traceback.format_exc()})
+                    {"item": item, "traceback": traceback.format_exc()}, append=True)
             traceback.print_exc()
             keras.backend.clear_session()
             continue
@@ -484,7 +430,7 @@ def worker_b(args, path):
     from keras_mogrifier.data import load_ptb
 
     backend = keras.backend.backend()
-    _record(path, "part_b", backend, "versions", _versions())
+    _record(path, "part_b", backend, "versions", _harness.versions())
     _record(path, "part_b", backend, "rows", [])
     _record(path, "part_b", backend, "errors", [])
     corpus = load_ptb(args.data_dir, download=False, fallback=False)
@@ -512,7 +458,7 @@ def worker_b(args, path):
             _paper_row(args, path, backend, corpus, cell, cell_budget)
         except Exception:  # recorded; the other cell still runs
             _record(path, "part_b", backend, "errors",
-                    {"cell": cell, "traceback": traceback.format_exc()})
+                    {"cell": cell, "traceback": traceback.format_exc()}, append=True)
             traceback.print_exc()
         keras.backend.clear_session()
 
@@ -597,7 +543,7 @@ def _paper_row(args, path, backend, corpus, cell, budget):
             len(averaging.evaluations) if averaging is not None else None
         ),
     }
-    _record(path, "part_b", backend, "rows", dict(row))
+    _record(path, "part_b", backend, "rows", dict(row), append=True)
     evaluated = time.perf_counter()
     valid = evaluate_language_model(model, corpus.valid, training)
     test = evaluate_language_model(model, corpus.test, training)
@@ -611,9 +557,9 @@ def _paper_row(args, path, backend, corpus, cell, budget):
     )
     row["evaluation_seconds"] = time.perf_counter() - evaluated
     row["seconds"] = time.perf_counter() - started
-    data = _load(path)
+    data = _harness.read_json(path)
     data["part_b"][backend]["rows"][-1] = row
-    _save(path, data)
+    _harness.write_json(path, data)
     print(
         f"[{backend}] paper/{cell}: {steps} steps ({row['epochs_done']:.2f} epochs) in "
         f"{timer.elapsed:.0f} s, {row['tokens_per_s'] or 0:,.0f} tokens/s, valid "
@@ -636,15 +582,21 @@ def _nvidia_smi():
         return f"nvidia-smi unavailable: {error}"
 
 
-def _run_worker(part, backend, argv, path, deadline, grace):
-    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2")
-    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    command = [sys.executable, os.path.abspath(__file__), "--worker", part,
-               "--worker-deadline", repr(deadline), "--json", path] + argv
+def _run_worker(part, backend, args, path, deadline, grace):
+    """Part `part`'s worker in a fresh process on `backend`, stopped `grace`
+    seconds past `deadline`; its exit status and seconds go to the JSON."""
+    worker = {"a": worker_a, "b": worker_b}[part]
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2", "XLA_PYTHON_CLIENT_PREALLOCATE":
+           os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "false")}
     started = time.perf_counter()
-    timeout = max(1.0, deadline + grace - time.time())
     try:
-        rc = subprocess.run(command, env=env, timeout=timeout).returncode
+        _harness.run_in_backend(
+            worker, argparse.Namespace(**dict(vars(args), worker_deadline=deadline)), path,
+            backend=backend, env=env, timeout=max(1.0, deadline + grace - time.time()),
+        )
+        rc = 0
+    except _harness.WorkerError as error:
+        rc = error.returncode
     except subprocess.TimeoutExpired:
         rc = "killed: past the deadline"
     _record(path, "worker_runs", f"{part}/{backend}", "returncode", rc)
@@ -705,8 +657,7 @@ SIZES = {  # name -> (full, quick)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True, help="the output JSON")
+    parser = _harness.argument_parser(__doc__, json_required=True, quiet=True)
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes and budgets: a CPU check that everything runs")
     parser.add_argument("--parts", nargs="+", default=["a", "b"], choices=["a", "b"])
@@ -746,8 +697,6 @@ def main():
         if not isinstance(full, float):
             parser.add_argument("--" + name.replace("_", "-"), type=int,
                                 help=f"default {full} ({quick} with --quick)")
-    parser.add_argument("--worker", choices=["a", "b"], help=argparse.SUPPRESS)
-    parser.add_argument("--worker-deadline", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     for name, (full, quick) in SIZES.items():
         if getattr(args, name) is None:
@@ -757,28 +706,6 @@ def main():
     if args.quick:
         args.vocabulary, args.units = min(args.vocabulary, 2000), min(args.units, 32)
     path = os.path.abspath(args.json)
-    if args.worker == "a":
-        worker_a(args, path)
-        return
-    if args.worker == "b":
-        worker_b(args, path)
-        return
-
-    argv = [a for a in sys.argv[1:]]
-    worker_argv = []
-    skip = False
-    for i, a in enumerate(argv):  # the workers get every option but --json
-        if skip:
-            skip = False
-            continue
-        if a == "--json":
-            skip = True
-            continue
-        if a.startswith("--json="):
-            continue
-        worker_argv.append(a)
-    if args.data_dir and "--data-dir" not in " ".join(worker_argv):
-        worker_argv += ["--data-dir", args.data_dir]
     if args.train_epochs is not None and args.train_epochs < 1:
         parser.error(f"--train-epochs must be a positive integer; received {args.train_epochs}")
     if args.train_steps_total is not None and args.train_steps_total < 1:
@@ -786,16 +713,17 @@ def main():
                      f"{args.train_steps_total}")
     if "b" in args.parts and not args.data_dir:
         parser.error("part b needs --data-dir (Penn Treebank), or ptb/ beside the script")
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     start = time.time()
     deadline = start + args.deadline
-    _save(path, {
-        "command": "python " + " ".join([os.path.basename(__file__)] + argv),
+    _harness.write_json(path, {
+        "command": _harness.command_line(__file__),
         "quick": args.quick,
         "gpu": _nvidia_smi(),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "machine": _harness.machine(),
+        "quiet_machine": quiet,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "settings": {k: v for k, v in vars(args).items() if not k.startswith("worker")},
+        "settings": vars(args),
         "part_a_setting": (
             f"LanguageModel V={args.vocabulary}, 2 × {args.units}, batch {args.batch}, "
             f"window {args.window}, dropout {args.dropout}, IWAEDropoutLoss, Adam; train "
@@ -813,12 +741,10 @@ def main():
         for i, backend in enumerate(args.backends):
             share = args.a_seconds * sum(weights[: i + 1]) / sum(weights)
             worker_deadline = min(start + share, deadline)
-            _run_worker("a", backend, worker_argv, path, worker_deadline, grace=60.0)
+            _run_worker("a", backend, args, path, worker_deadline, grace=60.0)
     if "b" in args.parts:
-        _run_worker("b", args.paper_backend, worker_argv, path, deadline, grace=15.0)
-    data = _load(path)
-    data["seconds"] = time.time() - start
-    _save(path, data)
+        _run_worker("b", args.paper_backend, args, path, deadline, grace=15.0)
+    data = _harness.merge_json(path, "seconds", time.time() - start)
     print_table(data)
     if args.quick:
         print("\n--quick: a check that everything runs; these timings are not to be reported")

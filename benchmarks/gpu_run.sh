@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device command of benchmarks/gpu.py, staged as gpu/run.sh beside
-# gpu/gpu_bench.py (a copy of benchmarks/gpu.py), gpu/backends.py,
+# gpu/gpu_bench.py (a copy of benchmarks/gpu.py), gpu/backends.py, gpu/_harness.py,
 # gpu/keras_mogrifier/ (the package) and gpu/ptb/ (Penn Treebank), with
 # the wheels of keras and what the GPU image lacks in .whl/. Run from the
 # repository root: bash gpu/run.sh OUTPUT_DIR [gpu_bench.py options]

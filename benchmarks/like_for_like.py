@@ -20,13 +20,11 @@ the state carried): a few minutes per split for the small models on 2 CPU
 cores.
 """
 
-import argparse
-import json
-import os
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+
+_harness.environment()
 
 import keras  # noqa: E402
 
@@ -57,13 +55,11 @@ def evaluate_model(model, corpus, streams):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True)
+    parser = _harness.argument_parser(__doc__, data_dir="required")
     parser.add_argument("--models", nargs="+", required=True, help=".keras files")
     parser.add_argument("--streams", type=int, default=20,
                         help="contiguous streams of the multi-stream figures "
                         "(Zaremba's validation: 20)")
-    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     corpus = load_corpus(args.data_dir)
     rows = []
@@ -75,9 +71,7 @@ def main():
         rows.append(row)
         print_table(rows)
         if args.json:
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump({"rows": rows}, f, indent=2)
+            _harness.write_json(args.json, {"rows": rows})
 
 
 def print_table(rows):

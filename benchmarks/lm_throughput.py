@@ -9,14 +9,9 @@ tokens/s and the ratio of step times to the Keras-LSTM model.
     python benchmarks/lm_throughput.py --units 400 --json lm_throughput.json
 """
 
-import argparse
-import json
-import os
-import statistics
-import time
+import _harness
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_harness.environment()
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -54,7 +49,7 @@ def build(name, vocab, units, batch, steps, jit_compile, dropout):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, quiet=True)
     parser.add_argument("--units", type=int, default=400)
     parser.add_argument("--vocab", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=32)
@@ -64,28 +59,22 @@ def main():
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--no-jit", action="store_true")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS))
-    parser.add_argument("--json")
     args = parser.parse_args()
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     names = [BASELINE] + [n for n in args.configs if n != BASELINE]
     rng = np.random.default_rng(0)
     x = rng.integers(0, args.vocab, (args.batch, args.steps)).astype("int32")
     y = rng.integers(0, args.vocab, (args.batch, args.steps)).astype("int32")
     models = {n: build(n, args.vocab, args.units, args.batch, args.steps,
                        not args.no_jit, args.dropout) for n in names}
-    for m in models.values():
-        for _ in range(2):
-            m.train_on_batch(x, y)
-    samples = {n: [] for n in names}
-    for _ in range(args.rounds):
-        for n, m in models.items():
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                m.train_on_batch(x, y)
-                samples[n].append(time.perf_counter() - start)
-    base = statistics.median(samples[BASELINE])
+    samples = _harness.time_interleaved(
+        {n: (lambda m=m: m.train_on_batch(x, y)) for n, m in models.items()},
+        rounds=args.rounds, repeats=args.repeats, warmup=2,
+    )
+    base = samples[BASELINE].median
     rows = []
     for n in names:
-        med = statistics.median(samples[n])
+        med = samples[n].median
         rows.append({"config": n, "step_ms": 1000 * med, "ratio": med / base,
                      "tokens_per_s": args.batch * args.steps / med,
                      "parameters": int(sum(np.prod(w.shape) for w in models[n].trainable_weights))})
@@ -98,8 +87,8 @@ def main():
         print(f"| {r['config']} | {r['parameters']:,} | {r['step_ms']:.0f} | "
               f"{r['ratio']:.2f} | {r['tokens_per_s']:.0f} |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"setting": setting, "rows": rows}, f, indent=2)
+        _harness.write_json(args.json, {"setting": setting, "quiet_machine": quiet,
+                                        "rows": rows})
 
 
 if __name__ == "__main__":

@@ -17,14 +17,12 @@ The machine's load average is recorded: wall seconds on a shared machine
 are noise, CPU seconds less so.
 """
 
-import argparse
-import json
 import math
 import os
-import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import _harness
+
+_harness.environment(log_level="3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -48,22 +46,13 @@ GRID = [  # (segment length, η, ε, λ)
 ]
 
 
-class Clock:
-    def __enter__(self):
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall = time.perf_counter() - self.wall
-        self.cpu = time.process_time() - self.cpu
-
-
 def evaluator_for(model, corpus, segment_length, cache):
     if segment_length not in cache:
         evaluator = DynamicEvaluator(
             model.with_options(batch_size=100, samples=1), segment_length=segment_length
         )
-        with Clock() as clock:
+        clock = _harness.Timing()
+        with clock.measure():
             evaluator.collect_gradient_statistics(corpus.train, batch_size=100)
         cache[segment_length] = (evaluator, clock)
     return cache[segment_length]
@@ -73,7 +62,8 @@ def run(evaluator, ids, learning_rate, epsilon, decay_rate):
     evaluator.learning_rate = learning_rate
     evaluator.epsilon = epsilon
     evaluator.decay_rate = decay_rate
-    with Clock() as clock:
+    clock = _harness.Timing()
+    with clock.measure():
         try:
             perplexity = evaluator.evaluate(ids, verbose=0)["perplexity"]
         except DivergenceError:
@@ -82,12 +72,12 @@ def run(evaluator, ids, learning_rate, epsilon, decay_rate):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, quiet=True)
     parser.add_argument("--model", required=True, help="a model saved by the main job")
-    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    results = {"machine": {"cpus": os.cpu_count(), "load_average_before": list(os.getloadavg())},
-               "model": args.model}
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
+    results = {"machine": {"cpus": os.cpu_count(), "load_average_before": quiet["load_average"]},
+               "quiet_machine": quiet, "model": args.model}
     model = keras.saving.load_model(args.model)
     corpus = synthetic_corpus()
     results["temperature"] = float(model.temperature)
@@ -102,9 +92,9 @@ def main(argv=None):
         perplexity, clock = run(evaluator, slice_3000, eta, eps, lam)
         grid.append({"segment_length": n, "learning_rate": eta, "epsilon": eps,
                      "decay_rate": lam, "perplexity": perplexity,
-                     "seconds": clock.wall, "cpu_seconds": clock.cpu})
+                     "seconds": clock.median, "cpu_seconds": clock.cpu_median})
         print(f"n {n:2d}  η {eta:g}  ε {eps:g}  λ {lam:g}: {perplexity:.2f} "
-              f"({clock.cpu:.0f} s CPU)", flush=True)
+              f"({clock.cpu_median:.0f} s CPU)", flush=True)
     results["grid_valid_3000"] = grid
     best = min((g for g in grid if g["segment_length"] == 5), key=lambda g: g["perplexity"])
     test_static = float(np.exp(static_stream_losses(model, corpus.test).mean()))
@@ -119,12 +109,14 @@ def main(argv=None):
             "segment_length": n, "learning_rate": best["learning_rate"],
             "epsilon": best["epsilon"], "decay_rate": best["decay_rate"],
             "perplexity": perplexity, "gain": 1 - perplexity / test_static,
-            "seconds": clock.wall, "cpu_seconds": clock.cpu,
-            "statistics_seconds": statistics.wall, "statistics_cpu_seconds": statistics.cpu,
+            "seconds": clock.median, "cpu_seconds": clock.cpu_median,
+            "statistics_seconds": statistics.median,
+            "statistics_cpu_seconds": statistics.cpu_median,
         })
         print(f"test, n {n}: {perplexity:.2f} vs static {test_static:.2f} "
-              f"({100 * (1 - perplexity / test_static):.1f} % lower; {clock.cpu:.0f} s CPU, "
-              f"statistics {statistics.cpu:.0f} s CPU)", flush=True)
+              f"({100 * (1 - perplexity / test_static):.1f} % lower; "
+              f"{clock.cpu_median:.0f} s CPU, statistics {statistics.cpu_median:.0f} s CPU)",
+              flush=True)
     slice_2000 = corpus.valid[:2001]
     evaluator, _ = evaluator_for(model, corpus, 10, cache)
     picks = {}
@@ -134,11 +126,9 @@ def main(argv=None):
                        "best_learning_rate": min(scores, key=scores.get)}
         print(f"tuning on valid[:{name}] (n 10, ε 1e-4): {picks[name]}", flush=True)
     results["tuning_slices"] = picks
-    results["machine"]["load_average_after"] = list(os.getloadavg())
+    results["machine"]["load_average_after"] = _harness.load_average()
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        _harness.write_json(args.json, results)
     return results
 
 

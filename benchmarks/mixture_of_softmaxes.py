@@ -23,19 +23,14 @@ noise.
         --steps 5 --train-steps 2                                  # smoke run
 """
 
-import argparse
-import json
-import os
-import resource
-import subprocess
 import sys
-import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# This checkout's package, also in the worker processes (run as a script,
-# their sys.path starts at benchmarks/).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _harness
+
+_harness.environment()
+# This checkout's package, also in the worker processes (their sys.path
+# starts at benchmarks/).
+sys.path.insert(0, _harness.REPOSITORY)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -66,11 +61,8 @@ class OutputLayerStep(keras.Model):
         return ops.sparse_categorical_crossentropy(targets, logits, from_logits=True)
 
 
-def _peak_rss_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-
-
 def worker(args, components, chunk, train):
+    """Peak memory (and tokens/s, if `train`) of one configuration, in its own process."""
     rng = np.random.default_rng(0)
     x = {
         "features": rng.normal(size=(args.batch, args.steps, args.units)).astype("float32"),
@@ -84,29 +76,23 @@ def worker(args, components, chunk, train):
     rate = None
     if train:
         model.train_on_batch(x, y)  # warm-up (tracing, compilation)
-        start = time.perf_counter()
-        for _ in range(args.train_steps):
-            model.train_on_batch(x, y)
-        elapsed = time.perf_counter() - start
+
+        def train_steps():
+            for _ in range(args.train_steps):
+                model.train_on_batch(x, y)
+
+        elapsed = _harness.time_call(train_steps, repeats=1).median
         rate = args.train_steps * args.batch * args.steps / elapsed
-    print(json.dumps({"peak_rss_mib": _peak_rss_mib(), "tokens_per_s": rate}))
+    return {"peak_rss_mib": _harness.peak_memory_mib(), "tokens_per_s": rate}
 
 
 def measure(args):
     results = []
     for components in COMPONENTS:
         for chunk in (0, args.chunk_size):
-            runs = []
-            for train in (False, True):
-                command = [
-                    sys.executable, os.path.abspath(__file__), "--worker",
-                    f"{components},{chunk},{int(train)}",
-                    "--vocab", str(args.vocab), "--units", str(args.units),
-                    "--batch", str(args.batch), "--steps", str(args.steps),
-                    "--train-steps", str(args.train_steps),
-                ] + (["--jit-compile"] if args.jit_compile else [])
-                out = subprocess.run(command, capture_output=True, text=True, check=True)
-                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            runs = [_harness.run_in_backend(worker, args, components, chunk, train,
+                                            capture_output=True)
+                    for train in (False, True)]
             results.append({
                 "K": components, "chunk_size": chunk or None,
                 "build_mib": runs[0]["peak_rss_mib"],
@@ -133,7 +119,7 @@ def print_table(results, args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = _harness.argument_parser(__doc__, quiet=True)
     parser.add_argument("--vocab", type=int, default=10000)
     parser.add_argument("--units", type=int, default=650)
     parser.add_argument("--batch", type=int, default=32)
@@ -141,18 +127,13 @@ def main(argv=None):
     parser.add_argument("--chunk-size", type=int, default=1024)
     parser.add_argument("--train-steps", type=int, default=5)
     parser.add_argument("--jit-compile", action="store_true")
-    parser.add_argument("--json", help="write the results to this file")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        components, chunk, train = (int(v) for v in args.worker.split(","))
-        worker(args, components, chunk, bool(train))
-        return
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     results = measure(args)
     print_table(results, args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "results": results}, f, indent=1)
+        _harness.write_json(args.json, {"settings": vars(args), "quiet_machine": quiet,
+                                        "results": results}, indent=1)
 
 
 if __name__ == "__main__":

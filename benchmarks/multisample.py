@@ -18,31 +18,14 @@ buffers), and the naive size of the logits tensor B·D·T·V·4 bytes.
 """
 
 import argparse
-import json
-import os
-import resource
-import statistics
-import subprocess
-import sys
-import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+
+_harness.environment()
 
 
-def _rss_mb():
-    # Current resident set size, from /proc (Linux).
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _peak_rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB
-
-
-def child(args):
-    """One configuration: prints a JSON line with its measurements."""
+def child(args, samples, chunk):
+    """One configuration's measurements, in a process of its own."""
     import keras
     import numpy as np
 
@@ -60,8 +43,8 @@ def child(args):
         cell_output_dropout=0.2,
         state_dropout=0.2,
         output_dropout=0.3,
-        samples=args.child_samples,
-        softmax_chunk_size=args.child_chunk or None,
+        samples=samples,
+        softmax_chunk_size=chunk or None,
         batch_size=args.batch_size,
     )
     model.build((args.batch_size, None))
@@ -75,43 +58,29 @@ def child(args):
     shape = (args.batch_size, args.bptt)
     x = rng.integers(0, args.vocabulary, size=shape).astype("int32")
     y = rng.integers(0, args.vocabulary, size=shape).astype("int32")
-    rss_before = _rss_mb()
-    start = time.perf_counter()
-    model.train_on_batch(x, y)  # trace and compile
-    compile_seconds = time.perf_counter() - start
-    for _ in range(args.warmup):
-        model.train_on_batch(x, y)
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        logs = model.train_on_batch(x, y, return_dict=True)
-        times.append(time.perf_counter() - start)
-    assert np.isfinite(logs["loss"])
-    print(
-        json.dumps(
-            {
-                "samples": args.child_samples,
-                "chunk_size": args.child_chunk or None,
-                "step_seconds": statistics.median(times),
-                "step_seconds_all": times,
-                "compile_seconds": compile_seconds,
-                "rss_before_mb": rss_before,
-                "peak_rss_mb": _peak_rss_mb(),
-                "naive_logits_mb": args.batch_size
-                * args.child_samples
-                * args.bptt
-                * args.vocabulary
-                * 4
-                / 2**20,
-            }
-        )
+    rss_before = _harness.memory_mib()
+    compiled = _harness.time_call(lambda: model.train_on_batch(x, y), repeats=1)
+    logs = {}
+    step = _harness.time_call(
+        lambda: logs.update(model.train_on_batch(x, y, return_dict=True)), args.steps,
+        warmup=args.warmup,
     )
+    assert np.isfinite(logs["loss"])
+    return {
+        "samples": samples,
+        "chunk_size": chunk or None,
+        "step_seconds": step.median,
+        "step_seconds_all": step.wall,
+        "compile_seconds": compiled.median,
+        "rss_before_mb": rss_before,
+        "peak_rss_mb": _harness.peak_memory_mib(),
+        "naive_logits_mb": args.batch_size * samples * args.bptt * args.vocabulary * 4 / 2**20,
+    }
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    parser = _harness.argument_parser(
+        __doc__, quiet=True, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--samples", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--chunk-size", type=int, default=512,
@@ -128,37 +97,23 @@ def parse_args(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--jit-compile", action=argparse.BooleanOptionalAction,
                         default=True, help="XLA, as the pipeline's presets")
-    parser.add_argument("--json", help="write the results to this file")
-    parser.add_argument("--child-samples", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--child-chunk", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def run_child(argv, samples, chunk):
-    command = [sys.executable, os.path.abspath(__file__), *argv,
-               "--child-samples", str(samples), "--child-chunk", str(chunk)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
-    if done.returncode != 0 or not lines:
-        raise RuntimeError(
-            f"configuration D={samples} chunk={chunk} failed:\n{done.stderr[-3000:]}"
-        )
-    return json.loads(lines[-1])
-
-
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.child_samples:
-        return child(args)
-    passthrough = [a for a in argv if a != "--json"]
-    if args.json:
-        passthrough.remove(args.json)
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     results = []
     for mode in args.modes:
         chunk = args.chunk_size if mode == "chunked" else 0
         for samples in args.samples:
-            result = run_child(passthrough, samples, chunk)
+            try:
+                result = _harness.run_in_backend(child, args, samples, chunk,
+                                                 capture_output=True)
+            except _harness.WorkerError as error:
+                raise RuntimeError(
+                    f"configuration D={samples} chunk={chunk} failed:\n{error.output[-3000:]}"
+                ) from None
             result["mode"] = mode
             results.append(result)
             print(f"done: {mode} D={samples} "
@@ -186,11 +141,8 @@ def main(argv=None):
             f"| {r['naive_logits_mb']:.0f} |"
         )
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"config": {k: v for k, v in vars(args).items()
-                                  if not k.startswith("child")},
-                       "results": results}, f, indent=2)
+        _harness.write_json(args.json, {"config": vars(args), "quiet_machine": quiet,
+                                        "results": results})
         print(f"\nwritten to {args.json}")
     return results
 

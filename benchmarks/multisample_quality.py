@@ -18,13 +18,11 @@ background.
 """
 
 import argparse
-import json
-import os
-import sys
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+
+_harness.environment()
 
 import keras  # noqa: E402
 
@@ -33,12 +31,9 @@ from keras_mogrifier.pipeline import run_experiment  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    parser = _harness.argument_parser(
+        __doc__, data_dir="required", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--data-dir", required=True,
-                        help="directory of ptb.{train,valid,test}.txt[.gz]")
     parser.add_argument("--samples", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--epochs", type=int, default=4)
@@ -47,10 +42,9 @@ def main(argv=None):
     parser.add_argument("--softmax-chunk-size", type=int,
                         help="chunked softmax in training (same objective)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     corpus = load_ptb(args.data_dir, download=False, fallback=False)
-    command = "python benchmarks/multisample_quality.py " + " ".join(argv or sys.argv[1:])
+    command = _harness.command_line(__file__, argv)
     rows = []
     for samples in args.samples:
         keras.utils.set_random_seed(args.seed)
@@ -81,10 +75,8 @@ def main(argv=None):
         )
         print_table(rows)
         if args.json:
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump({"command": command, "preset": args.preset,
-                           "corpus": corpus.source, "rows": rows}, f, indent=2)
+            _harness.write_json(args.json, {"command": command, "preset": args.preset,
+                                            "corpus": corpus.source, "rows": rows})
     return rows
 
 

@@ -52,8 +52,10 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
+
+_harness.environment("jax", log_level="3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -253,29 +255,13 @@ def steps_per_epoch(corpus, settings):
 # === Results file ===
 
 
-class Study:
-    """The JSON of the study, written after every finished unit."""
+class Study(_harness.Record):
+    """The JSON of the study, written after every finished unit (a resumed
+    study may run on another backend)."""
 
     def __init__(self, path, settings, command, resume):
-        self.path = path
-        if resume and os.path.exists(path):
-            with open(path) as f:
-                self.data = json.load(f)
-            recorded = {
-                k: v for k, v in self.data["settings"].items() if k != "backend"
-            }
-            current = {k: v for k, v in settings.items() if k != "backend"}
-            if json.loads(json.dumps(current)) != recorded:
-                changed = sorted(
-                    k for k in set(current) | set(recorded)
-                    if json.loads(json.dumps(current.get(k))) != recorded.get(k)
-                )
-                raise ValueError(
-                    f"Expected the settings recorded in {path} to resume that "
-                    f"study. Received different values for: {changed}"
-                )
-        else:
-            self.data = {"settings": settings, "command": command, "rows": []}
+        super().__init__(path, settings, resume, ignore=("backend",), command=command,
+                         rows=[])
 
     def row(self, name):
         for row in self.data["rows"]:
@@ -287,13 +273,6 @@ class Study:
         self.data["rows"].append(row)
         self.save()
         return row
-
-    def save(self):
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        temporary = self.path + ".tmp"
-        with open(temporary, "w") as f:
-            json.dump(self.data, f, indent=1)
-        os.replace(temporary, self.path)
 
 
 def commit():
@@ -359,7 +338,7 @@ def run_trials(study, row, corpus, args):
                     "valid_perplexity_by_epoch": curve,
                     "message": trial["message"],
                     "seconds": seconds,
-                    "load_average": os.getloadavg()[0],
+                    "load_average": _harness.load_average()[0],
                 }
             )
             row["seconds"]["trials"] += seconds
@@ -454,16 +433,11 @@ class _EpochRecord(keras.callbacks.Callback):
             "first_batch_loss": self.first_batch_loss,
             "seconds": time.time() - self.start,
         }
-        with open(self.path + ".tmp", "w") as f:
-            json.dump(records, f)
-        os.replace(self.path + ".tmp", self.path)
+        _harness.write_json(self.path, records, indent=None)
 
 
 def read_epoch_records(path):
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return json.load(f)
+    return _harness.read_json(path, default={})
 
 
 def train_final(row, corpus, settings, seed, epochs, checkpoint_dir, dynamic,
@@ -537,7 +511,7 @@ def train_final(row, corpus, settings, seed, epochs, checkpoint_dir, dynamic,
         "train_seconds": train_seconds,
         "seconds": time.time() - start,
         "evaluation_seconds": results["seconds"],
-        "load_average": os.getloadavg()[0],
+        "load_average": _harness.load_average()[0],
     }
     if "test_dynamic_perplexity" in results:
         figures["dynamic"] = {
@@ -648,8 +622,7 @@ def run_study(args, corpus):
 
 def check_row(args, corpus):
     """Re-trains one row's first seed for `--epochs` of its own schedule."""
-    with open(args.json) as f:
-        data = json.load(f)
+    data = _harness.read_json(args.json)
     settings = data["settings"]
     rows = {row["name"]: row for row in data["rows"]}
     if rows.get(args.row, {}).get("study") == GPU_STUDY:
@@ -708,8 +681,7 @@ def check_row(args, corpus):
         f"{args.row}.json" if args.row_seed is None and not args.reset_state_each_epoch
         else f"{name}.json",
     )
-    with open(path, "w") as f:
-        json.dump(row, f, indent=1)
+    _harness.write_json(path, row, indent=1)
     again = row["valid_perplexity_by_epoch"][0]
     if first:
         log(f"first-epoch validation perplexity: recorded {first:.2f}, "
@@ -731,8 +703,7 @@ def gpu_rows(path):
     `study` marks them so the table and the chart of the CPU rows leave
     them out. Named `paper24m_<cell>_<budget>`.
     """
-    with open(path) as f:
-        data = json.load(f)
+    data = _harness.read_json(path)
     rows = []
     for backend, result in data.get("part_b", {}).items():
         for run in result.get("rows", []):
@@ -777,8 +748,7 @@ def gpu_rows(path):
 
 def add_gpu_rows(json_path, paths):
     """Adds (or replaces, by name) the GPU rows of `paths` in the study's JSON."""
-    with open(json_path) as f:
-        data = json.load(f)
+    data = _harness.read_json(json_path)
     names = {row["name"] for row in data["rows"] if row.get("study") != GPU_STUDY}
     for path in paths:
         for row in gpu_rows(path):
@@ -791,8 +761,7 @@ def add_gpu_rows(json_path, paths):
             data["rows"].append(row)
             log(f"GPU row {row['name']}: valid {row['static']['valid_tau1']:.1f}, "
                 f"test {row['static']['test_tau1']:.1f} (τ = 1)")
-    with open(json_path, "w") as f:
-        json.dump(data, f, indent=1)
+    _harness.write_json(json_path, data, indent=1)
 
 
 def study_rows(rows):
@@ -950,8 +919,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.table or args.figure:
-        with open(args.json) as f:
-            rows = json.load(f)["rows"]
+        rows = _harness.read_json(args.json)["rows"]
         if args.table:
             print_table(study_rows(rows))
             print_gpu_table(rows)

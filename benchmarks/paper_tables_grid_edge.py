@@ -22,13 +22,10 @@ machine that trained the row; not in the repository).
         --data-dir ../shared/data/ptb --row mogrifier_rlstm+dual
 """
 
-import argparse
-import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness
 
 import keras  # noqa: E402
 
@@ -42,24 +39,21 @@ WORK = os.path.join(HERE, "..", "runs", "paper_tables", "checkpoints")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True)
+    parser = _harness.argument_parser(__doc__, data_dir="required", json_default=OUTPUT)
     parser.add_argument("--row", required=True)
     parser.add_argument("--checkpoints", default=WORK)
     parser.add_argument("--learning-rates", type=float, nargs="+", default=[3e-6, 1e-5, 3e-5])
     # The first is the λ the learning rates are tried at (the study's 1e-3).
     parser.add_argument("--decay-rates", type=float, nargs="+", default=[1e-3, 3e-4, 1e-4])
-    parser.add_argument("--json", default=OUTPUT)
     args = parser.parse_args()
-    with open(STUDY) as f:
-        study = json.load(f)
+    study = _harness.read_json(STUDY)
     rows = {row["name"]: row for row in study["rows"]}
     if args.row not in rows or not rows[args.row]["complete"]:
         raise ValueError(f"Expected a complete row of {STUDY}. Received: --row {args.row!r}")
     row = rows[args.row]
     settings = study["settings"]["dynamic_evaluation"]
     corpus = load_corpus(args.data_dir)
-    output = {"command": "python " + " ".join(sys.argv), "row": args.row,
+    output = {"command": _harness.command_line(__file__), "row": args.row,
               "grid": {"learning_rates": args.learning_rates,
                        "decay_rates": args.decay_rates},
               "study_grid": {"learning_rates": settings["learning_rates"],
@@ -89,8 +83,7 @@ def main():
             "test": result["test"]["perplexity"],
             "seconds": time.time() - start,
         })
-        with open(args.json, "w") as f:
-            json.dump(output, f, indent=1)
+        _harness.write_json(args.json, output, indent=1)
         print(f"seed {recorded['seed']}: best η {result['learning_rate']:g}, λ "
               f"{result['decay_rate']:g}, test {result['test']['perplexity']:.2f} "
               f"(recorded {recorded['dynamic']['test']:.2f})", flush=True)

@@ -1,67 +1,42 @@
-"""Runs a benchmark's worker once per Keras backend, each in its own process.
+"""The setting of the benchmarks that time one thing on every Keras backend.
 
-Shared by the benchmarks that time one thing on every backend
-(`static_windows.py`, `evaluator_paths.py`): the script re-runs itself with
-`--backends <one> --worker-output <file>` under `KERAS_BACKEND=<one>`, one
-backend after the other, and the rows its worker wrote are gathered with the
-load average before and after each (the figure that says whether the run
-was quiet).
+Shared by `static_windows.py`, `evaluator_paths.py`, `generation_paths.py`
+and `torch_eager_floor.py`: their options, the stream and the model they
+score, and `run`, which calls the script's worker once per backend, each in
+its own process (`_harness.run_each_backend`), one after the other, and
+gathers the rows with the load average before and after each (the figure
+that says whether the run was quiet).
 """
 
-import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
 
-BACKENDS = ("tensorflow", "jax", "torch")
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+import _harness
 
 
 def parse_arguments(description, cells, repeats, json_name):
     """The options these benchmarks share: backends, cells, the model's size,
-    the stream, the repeats, the JSON file (under `benchmarks/results/`)."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    the stream, the repeats, the JSON file (under `benchmarks/results/`), the
+    quiet-machine check."""
+    parser = _harness.argument_parser(
+        description, backends=_harness.BACKENDS, quiet=True,
+        json_default=os.path.join(_harness.RESULTS, json_name),
+    )
     parser.add_argument("--cells", nargs="+", default=list(cells), choices=list(cells))
     parser.add_argument("--units", type=int, default=256)
     parser.add_argument("--vocabulary", type=int, default=10_000)
     parser.add_argument("--tokens", type=int, default=1500)
     parser.add_argument("--repeats", type=int, default=repeats)
-    parser.add_argument("--json", default=os.path.join(RESULTS, json_name))
-    parser.add_argument("--worker-output", help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
-def worker_or_each_backend(script, args, worker):
-    """In a worker process (`--worker-output`), writes `worker(args)` and
-    returns `None`; otherwise runs the workers (`run_each_backend`)."""
-    if args.worker_output:
-        with open(args.worker_output, "w") as f:
-            json.dump(worker(args), f)
-        return None
-    return run_each_backend(script, args.backends)
-
-
-def run_each_backend(script, backends):
-    """`{"command", "backends": {backend: {load averages, "rows"}}}`."""
-    results = {"command": "python " + " ".join(sys.argv), "backends": {}}
-    for backend in backends:
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            before = os.getloadavg()
-            subprocess.run(
-                [sys.executable, os.path.abspath(script), *sys.argv[1:],
-                 "--backends", backend, "--worker-output", out.name],
-                env={**os.environ, "KERAS_BACKEND": backend}, check=True,
-            )
-            with open(out.name) as f:
-                rows = json.load(f)
-        results["backends"][backend] = {
-            "load_average_before": before, "load_average_after": os.getloadavg(),
-            "rows": rows,
-        }
-    return results
+def run(script, args, worker):
+    """`{"command", "quiet_machine", "backends": {backend: {load averages, "rows"}}}`:
+    `worker(args)`'s rows on each of `args.backends`, each in a fresh process."""
+    return {
+        "command": _harness.command_line(script),
+        "quiet_machine": _harness.check_quiet(args.max_load_per_cpu, args.on_busy),
+        "backends": _harness.run_each_backend(worker, args.backends, args),
+    }
 
 
 def zipf_stream(args):
@@ -97,7 +72,5 @@ def rows_by_cell(results, cells):
 
 def write_json(results, path):
     if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(results, f, indent=2)
+        _harness.write_json(path, results)
         print(f"wrote {path}")

@@ -14,13 +14,12 @@ run can be read while it goes on).
 On 2 CPU cores this takes hours: run it in the background.
 """
 
-import argparse
-import json
 import os
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _harness
+
+_harness.environment()
 
 from keras_mogrifier.data import load_corpus  # noqa: E402
 from keras_mogrifier.pipeline import run_experiment  # noqa: E402
@@ -33,12 +32,10 @@ CELLS = {
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True)
+    parser = _harness.argument_parser(__doc__, data_dir="required")
     parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
     parser.add_argument("--epochs", type=int, default=13)
     parser.add_argument("--max-tokens", type=int, help="cap tokens per epoch")
-    parser.add_argument("--json", help="write the results here")
     parser.add_argument("--save-dir", help="save each trained model here as CELL.keras")
     parser.add_argument(
         "--halve-after", type=int,
@@ -105,12 +102,10 @@ def main():
         )
         print_table(rows)
         if args.json:
-            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-            with open(args.json, "w") as f:
-                json.dump({"command": "python benchmarks/ptb_small.py " + " ".join(
-                    f"--{k.replace('_', '-')} {' '.join(v) if k == 'cells' else v}"
-                    for k, v in vars(args).items() if v is not None),
-                    "rows": rows}, f, indent=2)
+            command = "python benchmarks/ptb_small.py " + " ".join(
+                f"--{k.replace('_', '-')} {' '.join(v) if k == 'cells' else v}"
+                for k, v in vars(args).items() if v is not None)
+            _harness.write_json(args.json, {"command": command, "rows": rows})
 
 
 def print_table(rows):

@@ -24,14 +24,12 @@ The machine's load average is recorded with the results: the times are
 wall-clock seconds on a shared machine.
 """
 
-import argparse
-import json
 import os
 import resource
-import subprocess
-import sys
 import tempfile
 import time
+
+import _harness
 
 SIZE = 100_000_000
 
@@ -103,7 +101,7 @@ def _reset_peak_memory():
 
 
 def _child(kind, path):
-    """Runs in a fresh process: one read, its time and memory (JSON on stdout)."""
+    """Runs in a fresh process: one read, its time and memory."""
     import numpy as np
 
     from keras_mogrifier import data
@@ -113,15 +111,17 @@ def _child(kind, path):
     # peak below is the read's own.
     base = _memory_kb("VmRSS")
     reset = _reset_peak_memory()
-    start, cpu = time.perf_counter(), time.process_time()
     held_out = os.path.getsize(path) // 20  # 5M each of the standard 10⁸
-    if kind == "enwik8":
-        corpus = data.load_enwik8(path, valid_bytes=held_out, test_bytes=held_out)
-    elif kind == "text8":
-        corpus = data.load_text8(path, valid_characters=held_out, test_characters=held_out)
-    else:
-        corpus = data.load_text(path)
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    read = _harness.Timing()
+    with read.measure():
+        if kind == "enwik8":
+            corpus = data.load_enwik8(path, valid_bytes=held_out, test_bytes=held_out)
+        elif kind == "text8":
+            corpus = data.load_text8(path, valid_characters=held_out,
+                                     test_characters=held_out)
+        else:
+            corpus = data.load_text(path)
+    seconds, cpu = read.median, read.cpu_median
     peak = _memory_kb("VmHWM") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux keeps ru_maxrss across execve: this is the larger of the child's
     # peak and that of the parent that wrote the files (not the read's).
@@ -143,7 +143,7 @@ def _child(kind, path):
     }
     if kind == "enwik8":
         result["consumers"] = _consumers(corpus, np)
-    print(json.dumps(result))
+    return result
 
 
 def _consumers(corpus, np):
@@ -152,13 +152,8 @@ def _consumers(corpus, np):
 
     size = len(corpus.vocabulary)
 
-    def timed(fn, repeat=3):
-        times = []
-        for _ in range(repeat):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
+    def timed(fn):
+        return _harness.time_call(fn, repeats=3).best
 
     out = {}
     for label, train, valid in (
@@ -180,33 +175,27 @@ def _consumers(corpus, np):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, quiet=True)
     parser.add_argument("--size", type=int, default=SIZE, help="bytes per file")
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        _child(*args.child)
-        return None
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     results = {
         "machine": {
             "cpus": os.cpu_count(),
-            "load_average_before": list(os.getloadavg()),
+            "load_average_before": quiet["load_average"],
         },
+        "quiet_machine": quiet,
         "reads": [],
     }
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    env.setdefault("KERAS_BACKEND", "tensorflow")
     with tempfile.TemporaryDirectory() as directory:
         start = time.perf_counter()
         paths = _write_files(directory, args.size)
         results["machine"]["seconds_to_write_the_files"] = time.perf_counter() - start
         for kind, path in paths.items():
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", kind, path],
-                check=True, capture_output=True, text=True, env=env,
+            result = _harness.run_in_backend(
+                _child, kind, path, backend=os.environ.get("KERAS_BACKEND", "tensorflow"),
+                env={"TF_CPP_MIN_LOG_LEVEL": "3"}, capture_output=True,
             )
-            result = json.loads(done.stdout.strip().splitlines()[-1])
             results["reads"].append(result)
             print(
                 f"{kind}: {result['bytes']:,} bytes, {result['level']} level, "
@@ -220,13 +209,11 @@ def main(argv=None):
                 print(f"  {label}:")
                 for what, seconds in timings.items():
                     print(f"    {what}: {1000 * seconds:.1f} ms")
-    results["machine"]["load_average_after"] = list(os.getloadavg())
+    results["machine"]["load_average_after"] = _harness.load_average()
     print(f"load average before / after: {results['machine']['load_average_before']} / "
           f"{results['machine']['load_average_after']} on {os.cpu_count()} CPUs")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        _harness.write_json(args.json, results)
     return results
 
 

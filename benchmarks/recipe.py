@@ -14,12 +14,9 @@ validation/test perplexity, writes JSON, and draws the two curves as an SVG
         --svg docs/recipe_curves.svg
 """
 
-import argparse
-import json
-import os
+import _harness
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_harness.environment()
 
 from keras_mogrifier.data import load_corpus  # noqa: E402
 from keras_mogrifier.pipeline import run_experiment  # noqa: E402
@@ -77,8 +74,7 @@ def svg_plot(curves, path, title):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", required=True)
+    parser = _harness.argument_parser(__doc__, data_dir="required")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=200_000)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
@@ -88,7 +84,6 @@ def main():
         default=["Adam", "RectifiedAdam + Two-Tailed Averaging"],
         help="Which configurations to train (default: the two of the issue).",
     )
-    parser.add_argument("--json")
     parser.add_argument("--svg")
     args = parser.parse_args()
     corpus = load_corpus(args.data_dir)
@@ -115,8 +110,7 @@ def main():
             curve = ", ".join(f"{v:.1f}" for v in r["valid_curve"])
             print(f"| {name} | {curve} | {r['valid_perplexity']:.1f} | {r['test_perplexity']:.1f} |")
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"settings": vars(args), "runs": rows}, f, indent=2)
+            _harness.write_json(args.json, {"settings": vars(args), "runs": rows})
         if args.svg:
             svg_plot({k: r["valid_curve"] for k, r in rows.items()}, args.svg,
                      f"PTB, tiny preset, {args.max_tokens} tokens/epoch")

@@ -17,22 +17,13 @@ Any backend (`KERAS_BACKEND`):
     KERAS_BACKEND=jax python benchmarks/round_cost.py --units 400 --jit-compile
 """
 
-import argparse
-import json
-import os
-import statistics
-import sys
-import time
+import _harness
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_harness.environment(log_level="3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-import cells  # noqa: E402
 import keras_mogrifier as km  # noqa: E402
 
 
@@ -48,17 +39,14 @@ def build(units, rounds, rank, batch, steps, jit_compile):
 def matmul_gflops(size=1024, repeats=10):
     """Multiply-add rate (GFLOP/s, 2 flops each) of a large product on this machine."""
     a = keras.ops.convert_to_tensor(np.random.rand(size, size).astype("float32"))
-    keras.ops.convert_to_numpy(keras.ops.matmul(a, a))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        keras.ops.convert_to_numpy(keras.ops.matmul(a, a))
-        times.append(time.perf_counter() - start)
-    return 2 * size**3 / statistics.median(times) / 1e9
+    timing = _harness.time_call(
+        lambda: keras.ops.convert_to_numpy(keras.ops.matmul(a, a)), repeats, warmup=1
+    )
+    return 2 * size**3 / timing.median / 1e9
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, quiet=True)
     parser.add_argument("--units", type=int, default=400)
     parser.add_argument("--rank", type=int, default=32)
     parser.add_argument("--max-rounds", type=int, default=5, help="at least 2")
@@ -67,7 +55,6 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--jit-compile", action="store_true")
-    parser.add_argument("--json")
     args = parser.parse_args()
     if args.max_rounds < 2:
         parser.error(f"--max-rounds must be at least 2 (a line through r = 1, 2, …); "
@@ -77,14 +64,14 @@ def main():
     x = rng.normal(size=(b, t, n)).astype("float32")
     y = rng.normal(size=(b, t, n)).astype("float32")
     rs = list(range(args.max_rounds + 1))
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     models = {r: build(n, r, k, b, t, args.jit_compile) for r in rs}
-    for model in models.values():  # compile and warm up
-        cells.time_steps(model, x, y, 2)
-    samples = {r: [] for r in rs}
-    for _ in range(args.rounds):  # interleaved: each round times every model
-        for r, model in models.items():
-            samples[r].extend(cells.time_steps(model, x, y, args.repeats))
-    medians = {r: 1000 * statistics.median(v) for r, v in samples.items()}
+    # Interleaved: each round times every model; two warm-up steps compile.
+    samples = _harness.time_interleaved(
+        {r: (lambda m=model: m.train_on_batch(x, y)) for r, model in models.items()},
+        rounds=args.rounds, repeats=args.repeats, warmup=2,
+    )
+    medians = {r: 1000 * timing.median for r, timing in samples.items()}
     # r = 0 hoists the input product out of the loop (the input is not
     # mogrified), r ≥ 1 cannot: the line is fitted from r = 1 on.
     fitted = [r for r in rs if r >= 1]
@@ -113,10 +100,8 @@ def main():
           f"µs per time step, forward + backward); its arithmetic at the large-product rate "
           f"({gflops:.0f} GFLOP/s): {arithmetic_ms:.2f} ms — {slope / arithmetic_ms:.0f}×")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"command": "python benchmarks/round_cost.py " + " ".join(sys.argv[1:]),
-                       **result}, f, indent=2)
+        _harness.write_json(args.json, {"command": _harness.command_line(__file__),
+                                        "quiet_machine": quiet, **result})
 
 
 if __name__ == "__main__":

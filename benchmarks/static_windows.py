@@ -18,9 +18,7 @@ Measure on a quiet machine: the load average before and after each backend
 is stored with the results (`benchmarks/results/static_windows.json`).
 """
 
-import statistics
-import time
-
+import _harness
 import per_backend  # benchmarks/per_backend.py, beside this script
 
 CELLS = {
@@ -42,30 +40,24 @@ def worker(args):
     for name in args.cells:
         model = per_backend.scoring_model(args, CELLS[name])
         evaluator = DynamicEvaluator(model, segment_length=5)
-        losses, times = {}, {False: [], True: []}
-        for whole in (False, True):  # warm-up: builds every call length
+
+        def score(whole, **kwargs):
             _dynamic_pass.WHOLE_WINDOW = whole
-            losses[whole] = evaluator.evaluate(
-                stream, adapt=False, verbose=0, return_token_losses=True
-            )["token_losses"]
-        for _ in range(args.repeats):
-            for whole in (False, True):
-                _dynamic_pass.WHOLE_WINDOW = whole
-                wall, cpu = time.perf_counter(), time.process_time()
-                evaluator.evaluate(stream, adapt=False, verbose=0)
-                times[whole].append(
-                    (time.perf_counter() - wall, time.process_time() - cpu)
-                )
+            return evaluator.evaluate(stream, adapt=False, verbose=0, **kwargs)
+
+        # Warm-up: builds every call length.
+        losses = {whole: score(whole, return_token_losses=True)["token_losses"]
+                  for whole in (False, True)}
+        times = _harness.time_interleaved(
+            {"segments": lambda: score(False), "windows": lambda: score(True)},
+            rounds=args.repeats,
+        )
         _dynamic_pass.WHOLE_WINDOW = True
         row = {"cell": name}
-        for whole, key in ((False, "segments"), (True, "windows")):
-            row[f"{key}_ms_per_token"] = 1000 * statistics.median(
-                t[0] for t in times[whole]
-            ) / args.tokens
-            row[f"{key}_cpu_ms_per_token"] = 1000 * statistics.median(
-                t[1] for t in times[whole]
-            ) / args.tokens
-            row[f"{key}_ms_per_token_all"] = [1000 * t[0] / args.tokens for t in times[whole]]
+        for key, timing in times.items():
+            row[f"{key}_ms_per_token"] = timing.per(args.tokens)
+            row[f"{key}_cpu_ms_per_token"] = timing.cpu_per(args.tokens)
+            row[f"{key}_ms_per_token_all"] = timing.all_per(args.tokens)
         row["windows_over_segments"] = row["windows_ms_per_token"] / row["segments_ms_per_token"]
         row["max_abs_loss_difference"] = float(np.max(np.abs(losses[True] - losses[False])))
         rows.append(row)
@@ -78,9 +70,7 @@ def main():
     args = per_backend.parse_arguments(
         __doc__.splitlines()[0], CELLS, repeats=3, json_name="static_windows.json"
     )
-    results = per_backend.worker_or_each_backend(__file__, args, worker)
-    if results is None:
-        return
+    results = per_backend.run(__file__, args, worker)
     print("| cell | backend | a call per segment (ms/token) | windows (ms/token) | "
           "windows / segments | CPU ms/token (segments → windows) | max |Δ loss| |")
     print("| --- | --- | ---: | ---: | ---: | --- | ---: |")

@@ -10,13 +10,13 @@ is read.
     python benchmarks/synthetic_corpus.py --json benchmarks/results/synthetic_corpus.json
 """
 
-import argparse
 import collections
 import json
-import os
 import time
 
 import numpy as np
+
+import _harness
 
 from keras_mogrifier.data import synthetic
 from keras_mogrifier.data import synthetic_corpus
@@ -28,9 +28,7 @@ def perplexity(log_probabilities):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the results here")
-    args = parser.parse_args(argv)
+    args = _harness.argument_parser(__doc__).parse_args(argv)
     start = time.process_time()
     synthetic._lines.__wrapped__(120_000, 0, "train")
     generation_cpu = time.process_time() - start
@@ -84,9 +82,7 @@ def main(argv=None):
         ppl[f"bigram add-{k:g} + document cache {weight:g}"] = perplexity(logs)
     print(json.dumps(results, indent=2))
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        _harness.write_json(args.json, results)
     return results
 
 

@@ -42,13 +42,14 @@ perplexities do not depend on it).
 """
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import _harness
+
+sys.path.insert(0, os.path.join(_harness.REPOSITORY, "examples"))
 import _quiet  # noqa: E402,F401  (first: a quiet TensorFlow start)
 
 import keras  # noqa: E402
@@ -151,12 +152,11 @@ def tune_rung(evaluator, tuning, learning_rates, decay_rates, max_widening):
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
+    parser = _harness.argument_parser(
+        __doc__, json_flag=False, data_dir="required",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", required=True, help="a trained LanguageModel (.keras)")
-    parser.add_argument("--data-dir", required=True)
     parser.add_argument("--tuning-tokens", type=int, default=10_000,
                         help="validation tokens each setting is tuned on")
     parser.add_argument("--test-tokens", type=int, help="cap the test tokens (default: all)")
@@ -182,8 +182,7 @@ def main():
     if args.plot_only:
         if not (args.json and args.plots):
             raise SystemExit("--plot-only draws --plots from --json (and --curves).")
-        with open(args.json) as f:
-            rows = json.load(f)["rows"]
+        rows = _harness.read_json(args.json)["rows"]
         curves = {}
         if args.curves:
             with np.load(args.curves) as data:
@@ -277,7 +276,7 @@ def main():
         seconds = time.time() - start
         row.update(test_perplexity=result["perplexity"], test_tokens=result["num_tokens"],
                    test_seconds=seconds, ms_per_token=1000 * seconds / result["num_tokens"],
-                   load_average=list(os.getloadavg()))
+                   load_average=_harness.load_average())
         rows.append(row)
         print(f"test perplexity {result['perplexity']:.2f} ({seconds:.0f} s)", flush=True)
         report(rows, args)
@@ -303,16 +302,15 @@ def report(rows, args):
         print(f"| {r['rung']} | {r['segment_length']} | {setting} | "
               f"{r['test_perplexity']:.2f} | {gain} | {r['ms_per_token']:.2f} | {ratio} |")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"command": "python " + " ".join(sys.argv), "backend":
-                       keras.backend.backend(), "device": args.device,
-                       "grids": {"sgd_learning_rates": SGD_LEARNING_RATES,
-                                 "rms_learning_rates": RMS_LEARNING_RATES,
-                                 "decay_rates": DECAY_RATES,
-                                 "cache_interpolations": CACHE_INTERPOLATIONS,
-                                 "cache_flatnesses": CACHE_FLATNESSES},
-                       "rows": rows}, f, indent=2, default=str)
+        _harness.write_json(args.json, {
+            "command": _harness.command_line(__file__), "backend": keras.backend.backend(),
+            "device": args.device,
+            "grids": {"sgd_learning_rates": SGD_LEARNING_RATES,
+                      "rms_learning_rates": RMS_LEARNING_RATES,
+                      "decay_rates": DECAY_RATES,
+                      "cache_interpolations": CACHE_INTERPOLATIONS,
+                      "cache_flatnesses": CACHE_FLATNESSES},
+            "rows": rows}, default=str)
 
 
 def plot(rows, curves, args):

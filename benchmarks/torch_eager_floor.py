@@ -24,16 +24,10 @@ warm-up pass.
     python benchmarks/torch_eager_floor.py   # benchmarks/results/torch_eager_floor.json
 """
 
-import os
-import statistics
-import sys
-import time
-
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import per_backend  # noqa: E402  (benchmarks/per_backend.py, beside this script)
+import _harness
+import per_backend  # benchmarks/per_backend.py, beside this script
 
 CELLS = {
     "rlstm": {"cell": "rlstm"},
@@ -115,15 +109,10 @@ def worker(args):
             targets = torch.as_tensor(stream[1:], dtype=torch.long)
             paths["bare"] = lambda: score(ids, targets, args.window)
         losses = {path: np.ravel(run()) for path, run in paths.items()}  # warm-up
-        times = {path: [] for path in paths}
-        for _ in range(args.repeats):
-            for path, run in paths.items():
-                start = time.process_time()
-                run()
-                times[path].append(time.process_time() - start)
+        times = _harness.time_interleaved(paths, rounds=args.repeats)
         row = {"cell": name}
         for path in paths:
-            row[f"{path}_cpu_ms_per_token"] = 1000 * statistics.median(times[path]) / args.tokens
+            row[f"{path}_cpu_ms_per_token"] = times[path].cpu_per(args.tokens)
         if "bare" in paths:
             row["max_abs_loss_difference"] = float(
                 np.max(np.abs(losses["package"] - losses["bare"])))
@@ -137,11 +126,9 @@ def main():
         __doc__.splitlines()[0], CELLS, repeats=5, json_name="torch_eager_floor.json"
     )
     args.window = 320
-    if args.backends == list(per_backend.BACKENDS):
+    if args.backends == list(_harness.BACKENDS):
         args.backends = ["jax", "torch"]
-    results = per_backend.worker_or_each_backend(__file__, args, worker)
-    if results is None:
-        return
+    results = per_backend.run(__file__, args, worker)
     print("\n| cell | JAX, package (CPU ms/token) | PyTorch, package | PyTorch, bare loop "
           "| package / JAX | bare / JAX |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")

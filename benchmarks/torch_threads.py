@@ -21,24 +21,14 @@ the workers. Each measurement keeps its wall time and its process CPU time
     python benchmarks/torch_threads.py --load 1 --json benchmarks/results/torch_threads_load1.json
 """
 
-import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
+
+import _harness
 
 KEYS = ("train_ms", "static_ms_per_token", "dynamic_ms_per_token", "generate_ms_per_token")
-
-
-def _timed(fn, count):
-    start, start_cpu = time.perf_counter(), time.process_time()
-    fn()
-    return (1000 * (time.perf_counter() - start) / count,
-            1000 * (time.process_time() - start_cpu) / count)
 
 
 def worker(args):
@@ -88,37 +78,26 @@ def worker(args):
                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                    "interop_threads": torch.get_num_interop_threads()}
             for key, (fn, count) in work.items():
-                row[key], row[key.replace("_ms", "_cpu_ms")] = _timed(fn, count)
+                timing = _harness.time_call(fn, repeats=1)
+                row[key], row[key.replace("_ms", "_cpu_ms")] = (
+                    timing.per(count), timing.cpu_per(count))
             print(json.dumps(row), file=sys.stderr, flush=True)
             rows.append(row)
     return {"default_threads": default_threads, "torch": torch.__version__, "rows": rows}
 
 
-def run_worker(argv, env_extra, load):
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
-        path = out.name
-    env = dict(os.environ, KERAS_BACKEND="torch", **env_extra)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
-    before = os.getloadavg()
-    try:
-        subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--worker-output", path] + argv,
-            env=env, check=True,
-        )
-    finally:
-        for process in busy:
-            process.kill()
-            process.wait()
-    with open(path) as f:
-        result = json.load(f)
-    os.remove(path)
-    result["load_average_before"] = list(before)
-    result["load_average_after"] = list(os.getloadavg())
+def run_worker(args, env, load):
+    """`worker(args)` in a fresh PyTorch process with `env` and `load` busy
+    processes beside it, and the load averages before and after."""
+    before = _harness.load_average()
+    result = _harness.run_in_backend(worker, args, backend="torch", env=env, busy=load)
+    result["load_average_before"] = before
+    result["load_average_after"] = _harness.load_average()
     return result
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _harness.argument_parser(__doc__, quiet=True)
     parser.add_argument("--passive", action="store_true",
                         help="also a process with OMP_WAIT_POLICY=PASSIVE")
     parser.add_argument("--load", type=int, default=0)
@@ -131,28 +110,13 @@ def main():
     parser.add_argument("--train-steps", type=int, default=3)
     parser.add_argument("--eval-tokens", type=int, default=100)
     parser.add_argument("--generate-tokens", type=int, default=10)
-    parser.add_argument("--json")
-    parser.add_argument("--worker-output", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker_output:
-        result = worker(args)
-        with open(args.worker_output, "w") as f:
-            json.dump(result, f)
-        return
-    argv = []
-    skip = False
-    for a in sys.argv[1:]:
-        if skip:
-            skip = False
-        elif a == "--json":
-            skip = True
-        elif a != "--passive" and not a.startswith("--json="):
-            argv.append(a)
     settings = {"default": {}}
     if args.passive:
         settings["OMP_WAIT_POLICY=PASSIVE"] = {"OMP_WAIT_POLICY": "PASSIVE"}
-    started = list(os.getloadavg())
-    results = {name: run_worker(argv, env, args.load) for name, env in settings.items()}
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
+    started = quiet["load_average"]
+    results = {name: run_worker(args, env, args.load) for name, env in settings.items()}
     print(f"PyTorch threads, {args.cell} 2 × {args.units}, {args.load} busy process(es) "
           f"beside; median of {args.rounds} alternating rounds; load average at start "
           f"{started[0]:.1f}")
@@ -171,15 +135,12 @@ def main():
                   f"{s['generate_ms_per_token']:.2f} | "
                   f"{s['train_cpu_ms'] / s['train_ms']:.2f} |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({
-                "command": "python benchmarks/torch_threads.py " + " ".join(sys.argv[1:]),
-                "machine": {"cpus": os.cpu_count(),
-                            "cpus_usable": len(os.sched_getaffinity(0)),
-                            "platform": platform.platform()},
-                "load_average_start": started, "load_average_end": list(os.getloadavg()),
-                "results": results, "summary": summary,
-            }, f, indent=2)
+        _harness.write_json(args.json, {
+            "command": _harness.command_line(__file__), "machine": _harness.machine(),
+            "quiet_machine": quiet, "load_average_start": started,
+            "load_average_end": _harness.load_average(), "results": results,
+            "summary": summary,
+        })
 
 
 if __name__ == "__main__":
