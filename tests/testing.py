@@ -407,3 +407,12 @@ def load_module(path, name):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+class CausalMean(keras.layers.Layer):
+    """`h_t` = the mean of the inputs up to `t` of the window: a causal
+    layer without carried state (a model of it is scored in windows)."""
+
+    def call(self, x):
+        counts = keras.ops.cast(keras.ops.arange(1, keras.ops.shape(x)[1] + 1), x.dtype)
+        return keras.ops.cumsum(x, axis=1) / counts[None, :, None]

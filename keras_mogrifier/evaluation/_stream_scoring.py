@@ -122,6 +122,14 @@ def score_stream(
     columns = num_segments * n
     if context_length is not None and columns < context_length:
         columns = min(context_length, 1 << (columns - 1).bit_length())
+    # Static scoring of a model with carried state: whole calls only, the
+    # last one padded with segments at weight 0 (one compiled shape).
+    whole_calls = (
+        pad_calls and segments_per_call > 1 and not keep_final_state
+        and context_length is None
+    )
+    if whole_calls:
+        columns = -(-num_segments // segments_per_call) * segments_per_call * n
     inputs = np.zeros((num_groups * batch_size, columns), "int32")
     targets = np.zeros_like(inputs)
     weights = np.zeros(inputs.shape, "float32")
@@ -200,15 +208,8 @@ def score_stream(
     # state that is kept.
     short_end = keep_final_state and predicted < num_segments * n
     whole = num_segments - 1 if short_end else num_segments
-    if pad_calls and segments_per_call > 1 and not keep_final_state and width is None:
-        # Whole calls only: the last one holds padding segments at weight 0.
-        whole = -(-num_segments // segments_per_call) * segments_per_call
-        padded = whole * n
-        if padded > inputs.shape[1]:
-            extra = ((0, 0), (0, padded - inputs.shape[1]))
-            inputs, targets, weights = (
-                np.pad(a, extra) for a in (inputs, targets, weights)
-            )
+    if whole_calls:
+        whole = columns // n
     calls = []
     first = 0
     while segments_per_call > 1 and first + segments_per_call <= whole:

@@ -15,17 +15,10 @@ from keras import ops
 from keras_mogrifier.evaluation import DynamicEvaluator
 from keras_mogrifier.models import LanguageModel
 
+from testing import CausalMean
 from testing import to_numpy
 
 VOCAB = 11
-
-
-class CausalMean(keras.layers.Layer):
-    """`h_t` = the mean of the inputs up to `t` of the window (causal)."""
-
-    def call(self, x):
-        counts = ops.cast(ops.arange(1, ops.shape(x)[1] + 1), x.dtype)
-        return ops.cumsum(x, axis=1) / counts[None, :, None]
 
 
 def mean_model(seed=0):

@@ -16,6 +16,8 @@ from keras_mogrifier.tuning import trial_rows
 from keras_mogrifier.tuning.dynamic_evaluation_tuner import ADVICE
 from keras_mogrifier.tuning.dynamic_evaluation_tuner import FAILED_AS
 
+from testing import CausalMean
+
 STATISTICS_BATCH = 8
 N = 5
 
@@ -404,12 +406,6 @@ def test_each_update_rule_has_its_space_and_searches(trained, corpus, tuning_str
     )
 
 
-class _CausalMean(keras.layers.Layer):
-    def call(self, x):
-        counts = keras.ops.cast(keras.ops.arange(1, keras.ops.shape(x)[1] + 1), x.dtype)
-        return keras.ops.cumsum(x, axis=1) / counts[None, :, None]
-
-
 def test_a_windowed_model_gathers_its_statistics_once_on_windows(corpus, tmp_path):
     """A model without carried state, scored in windows of 12 tokens: one
     statistics pass, on windows of 12 training tokens, serves every
@@ -419,7 +415,7 @@ def test_a_windowed_model_gathers_its_statistics_once_on_windows(corpus, tmp_pat
     model = keras.Sequential([
         keras.Input((None,), dtype="int32"),
         keras.layers.Embedding(vocab, 8),
-        _CausalMean(),
+        CausalMean(),
         keras.layers.Dense(vocab),
     ])
     tuner = make_tuner(
