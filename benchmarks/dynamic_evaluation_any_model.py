@@ -28,7 +28,12 @@ seconds and ms per token.
 
 Every unit is written to `--json` as it finishes; `--resume` skips finished
 units, and training resumes at its last finished epoch (model and optimizer
-saved in `--work-dir`, git-ignored, after every epoch).
+saved in `--work-dir`, git-ignored, after every epoch). A finished model's
+best weights are kept in the repository, in float16
+(`benchmarks/results/dynamic_evaluation_any_model/<model>.weights.npz`, about
+3 MB each), and every evaluation loads them from there, so the evaluations
+can resume on another machine; a training unit marked finished whose kept
+weights are missing is trained again.
 
     KERAS_BACKEND=jax nohup python benchmarks/dynamic_evaluation_any_model.py \\
         --data-dir ../shared/data/ptb --resume >> runs/any_model.log 2>&1 &
@@ -74,6 +79,9 @@ def parse(argv):
     parser.add_argument("--json", default=os.path.join(
         REPOSITORY, "benchmarks", "results", "dynamic_evaluation_any_model.json"))
     parser.add_argument("--work-dir", default=os.path.join(REPOSITORY, "runs", "any_model"))
+    parser.add_argument("--kept-dir", default=os.path.join(
+        REPOSITORY, "benchmarks", "results", "dynamic_evaluation_any_model"),
+        help="where a finished model's best weights are kept (float16)")
     parser.add_argument("--train-minutes", type=float, default=60.0)
     parser.add_argument("--tune-tokens", type=int, default=8000)
     parser.add_argument("--test-tokens", type=int, default=None,
@@ -165,10 +173,40 @@ def windows(ids, length, offset):
 # === Training: a budget of training time, epoch by epoch, resumable ===
 
 
+def kept_path(args, name):
+    return os.path.join(args.kept_dir, f"{name}.weights.npz")
+
+
+def keep_weights(model, path):
+    """Writes `model`'s weights in float16, in `model.weights` order (atomically)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    arrays = {f"{i:04d}": keras.ops.convert_to_numpy(v).astype("float16")
+              for i, v in enumerate(model.weights)}
+    temporary = path + ".tmp.npz"
+    np.savez_compressed(temporary, **arrays)
+    os.replace(temporary, path)
+
+
+def load_kept_weights(model, path):
+    with np.load(path) as arrays:
+        shapes = [tuple(arrays[f"{i:04d}"].shape) for i in range(len(arrays.files))]
+        expected = [tuple(v.shape) for v in model.weights]
+        if shapes != expected:
+            raise ValueError(
+                f"Expected {path} to hold weights of the shapes {expected}. Received: {shapes}"
+            )
+        for i, variable in enumerate(model.weights):
+            variable.assign(arrays[f"{i:04d}"].astype(variable.dtype))
+
+
 def train(record, name, corpus, args, vocabulary_size):
     unit = f"train:{name}"
-    if record.done(unit):
+    if record.done(unit) and os.path.exists(kept_path(args, name)):
         return
+    if record.done(unit):
+        log(f"{name}: finished before, but its kept weights {kept_path(args, name)} are "
+            "missing: training it again")
+        record.data["units"].pop(unit)
     directory = os.path.join(args.work_dir, name)
     os.makedirs(directory, exist_ok=True)
     last, best = os.path.join(directory, "last.keras"), os.path.join(directory, "best.weights.h5")
@@ -241,20 +279,22 @@ def train(record, name, corpus, args, vocabulary_size):
             f"{' (best)' if improved else ''}, train {train_perplexity:.2f}, {seconds:.0f} s "
             f"({entry['train_cpu_seconds'] / 60:.1f} of {args.train_minutes:.0f} min)")
     entry["best_valid_perplexity"] = min(e["valid_perplexity"] for e in entry["epochs"])
+    model.load_weights(best)
+    keep_weights(model, kept_path(args, name))
+    entry["kept_weights"] = os.path.relpath(kept_path(args, name), REPOSITORY)
     entry["finished"] = True
     record.save(unit, entry)
 
 
 def trained(record, name, corpus, args, vocabulary_size):
-    """The model with its best weights, ready to evaluate (batch 1)."""
-    directory = os.path.join(args.work_dir, name)
+    """The model with its kept (float16) best weights, ready to evaluate."""
     if name == "gpt2":
         model = gpt2_model(vocabulary_size)
     else:
         units = record.data["units"]["train:rlstm"]["units"]
         model = rlstm_model(vocabulary_size, units, args.batch_size)
         model.build((args.batch_size, None))
-    model.load_weights(os.path.join(directory, "best.weights.h5"))
+    load_kept_weights(model, kept_path(args, name))
     if name == "rlstm":
         model = model.with_options(batch_size=16)  # statistics batches of 16; scored at 1
     return model
