@@ -3,7 +3,8 @@
 # PyTorch), two pytest processes at a time on a machine with 2 cores or
 # more (TEST_JOBS=1: one after the other); KERAS_BACKEND=jax (say) runs one
 # backend only. Extra arguments go to pytest. Fails if the suite fails on
-# any backend.
+# any backend. TEST_DRY_RUN=1 prints each pytest command line instead of
+# running it.
 #
 # Without test paths among the arguments, each folder of tests/ (and the
 # top-level test files together) runs in its own pytest process, once per
@@ -99,7 +100,11 @@ for backend in "${backend_list[@]}"; do
   done
 done
 sort -k1,1nr -s "$scratch/runs" -o "$scratch/runs"
-printf '%s\0' "$@" > "$scratch/pytest_args"
+# One NUL-terminated argument each; none at all when none were given (a
+# bare `printf '%s\0'` would write one empty argument, which pytest reads
+# as the current directory: every process would run the whole suite).
+: > "$scratch/pytest_args"
+[ $# -gt 0 ] && printf '%s\0' "$@" > "$scratch/pytest_args"
 printf '%s\n' "${groups[@]}" > "$scratch/groups"
 mkdir -p "$scratch/logs" "$scratch/failed"
 
@@ -110,6 +115,12 @@ run_one() {
   group=$(sed -n "$((index + 1))p" "$SUITE_SCRATCH/groups")
   mapfile -d '' args < "$SUITE_SCRATCH/pytest_args"
   log="$SUITE_SCRATCH/logs/$backend.$index.log"
+  if [ -n "${TEST_DRY_RUN:-}" ]; then  # print the command line, run nothing
+    # shellcheck disable=SC2086
+    ( flock 9; echo "=== plan: KERAS_BACKEND=$backend$(printf ' %q' pytest "${args[@]}" $group)" ) \
+      9> "$SUITE_SCRATCH/print.lock"
+    return 0
+  fi
   start=$SECONDS
   # shellcheck disable=SC2086  # the group is a list of paths
   KERAS_BACKEND="$backend" .venv/bin/python -m pytest "${args[@]}" $group > "$log" 2>&1
@@ -127,6 +138,10 @@ export SUITE_SCRATCH="$scratch"
 
 awk '{ print $2, $3 }' "$scratch/runs" | xargs -P "$jobs" -L 1 bash -c 'run_one "$@"' _
 
+if [ -n "${TEST_DRY_RUN:-}" ]; then
+  echo "test.sh: dry run: nothing ran"
+  exit 0
+fi
 failed=()
 for backend in "${backend_list[@]}"; do
   [ -e "$scratch/failed/$backend" ] && failed+=("$backend")
