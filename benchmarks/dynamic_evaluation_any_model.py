@@ -42,15 +42,16 @@ Timings are wall-clock on whatever else the machine is doing (the JSON
 records the load average): the perplexities do not depend on it.
 """
 
-import argparse
-import json
 import math
 import os
 import sys
 import time
 import types
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import _harness
+
+_harness.environment("jax")
+sys.path.insert(0, os.path.join(_harness.REPOSITORY, "examples"))
 import _quiet  # noqa: E402,F401  (first: a quiet TensorFlow start)
 
 import keras  # noqa: E402
@@ -61,7 +62,7 @@ from keras_mogrifier.data import load_corpus  # noqa: E402
 from keras_mogrifier.evaluation import DynamicEvaluator  # noqa: E402
 from keras_mogrifier.evaluation import search_dynamic_evaluation  # noqa: E402
 
-REPOSITORY = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+REPOSITORY = _harness.REPOSITORY
 MODES = ("static", "full", "lora", "bitfit", "full_sentences")
 LEARNING_RATES = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3]
 DECAY_RATES = [0.0, 1e-3, 1e-2, 1e-1]
@@ -74,10 +75,9 @@ def log(message):
 
 
 def parse(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--json", default=os.path.join(
-        REPOSITORY, "benchmarks", "results", "dynamic_evaluation_any_model.json"))
+    parser = _harness.argument_parser(
+        __doc__, data_dir="required",
+        json_default=os.path.join(_harness.RESULTS, "dynamic_evaluation_any_model.json"))
     parser.add_argument("--work-dir", default=os.path.join(REPOSITORY, "runs", "any_model"))
     parser.add_argument("--kept-dir", default=os.path.join(
         REPOSITORY, "benchmarks", "results", "dynamic_evaluation_any_model"),
@@ -95,36 +95,22 @@ def parse(argv):
     return parser.parse_args(argv)
 
 
-class Record:
+class Record(_harness.Record):
     """The JSON: settings and one entry per finished unit, written atomically."""
 
     def __init__(self, path, settings, resume):
-        self.path = path
-        self.data = {"settings": settings, "units": {}}
-        if resume and os.path.exists(path):
-            with open(path) as f:
-                old = json.load(f)
-            if old.get("settings") != settings:
-                raise ValueError(
-                    f"Expected the settings of {path} to resume. Received other "
-                    f"settings: {settings} vs {old.get('settings')}"
-                )
-            self.data = old
+        super().__init__(path, settings, resume, what="benchmark", units={})
 
     def done(self, unit):
         return unit in self.data["units"] and self.data["units"][unit].get("finished")
 
     def save(self, unit, entry):
         self.data["units"][unit] = entry
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        temporary = self.path + ".tmp"
-        with open(temporary, "w") as f:
-            json.dump(self.data, f, indent=1)
-        os.replace(temporary, self.path)
+        super().save()
 
 
 def environment():
-    return {"backend": keras.backend.backend(), "load_average": os.getloadavg(),
+    return {"backend": keras.backend.backend(), "load_average": _harness.load_average(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 

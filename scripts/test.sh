@@ -25,20 +25,43 @@ has_paths=0
 for arg in "$@"; do
   case "$arg" in -*) ;; *) [ -e "${arg%%::*}" ] && has_paths=1 ;; esac
 done
-if [ "$has_paths" = 1 ]; then
-  groups=("")
-else
-  # The folders of quick tests share one process (starting one costs a few
-  # seconds: importing the backend); each other folder has its own.
-  quick="tests/data tests/losses tests/metrics tests/optimizers tests/samplers"
-  groups=("$quick")
+# The folders of quick tests share one process per backend (starting one
+# costs 7-8 s: importing the backend and collecting the tests); each other
+# folder has its own. On TensorFlow and PyTorch, which compile little in the
+# suite, more folders share it; on JAX only the quickest (see above: one JAX
+# process for many compiled tests crashed).
+shared_folders() {
+  local quick="tests/data tests/losses tests/metrics tests/optimizers tests/samplers"
+  case "$1" in
+    jax) echo "$quick" ;;
+    tensorflow) echo "$quick tests/benchmarks tests/generation tests/layers tests/models" ;;
+    *) echo "$quick tests/benchmarks tests/evaluation tests/generation tests/layers tests/models tests/tuning" ;;
+  esac
+}
+groups=()     # every distinct group (a list of paths) of any backend
+run_list=()   # "backend index" (index into groups)
+add_run() {   # backend, group
+  local i
+  for i in "${!groups[@]}"; do
+    if [ "${groups[$i]}" = "$2" ]; then run_list+=("$1 $i"); return; fi
+  done
+  groups+=("$2")
+  run_list+=("$1 $((${#groups[@]} - 1))")
+}
+for backend in "${backend_list[@]}"; do
+  if [ "$has_paths" = 1 ]; then
+    add_run "$backend" ""
+    continue
+  fi
+  shared="$(shared_folders "$backend")"
+  add_run "$backend" "$shared"
   for dir in tests/*/; do
     dir="${dir%/}"
-    [[ " $quick " == *" $dir "* ]] && continue
-    ls "$dir"/*_test.py >/dev/null 2>&1 && groups+=("$dir")
+    [[ " $shared " == *" $dir "* ]] && continue
+    ls "$dir"/*_test.py >/dev/null 2>&1 && add_run "$backend" "$dir"
   done
-  groups+=("$(ls tests/*_test.py | tr '\n' ' ')")
-fi
+  add_run "$backend" "$(ls tests/*_test.py | tr '\n' ' ')"
+done
 # Tests marked `once_per_suite` (tests/conftest.py) run on the last backend.
 export TEST_ONCE_BACKEND="${TEST_ONCE_BACKEND:-${backend_list[-1]}}"
 
@@ -46,7 +69,7 @@ export TEST_ONCE_BACKEND="${TEST_ONCE_BACKEND:-${backend_list[-1]}}"
 # 2 cores, else 1). Most of a test's time is tracing and compiling, one
 # thread at a time, so a second process uses the core the first leaves idle.
 jobs_default=1
-if [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ] && [ $(( ${#backend_list[@]} * ${#groups[@]} )) -gt 1 ]; then
+if [ "$(nproc 2>/dev/null || echo 1)" -ge 2 ] && [ ${#run_list[@]} -gt 1 ]; then
   jobs_default=2
 fi
 jobs=${TEST_JOBS:-$jobs_default}
@@ -91,13 +114,12 @@ seconds_of() {  # measured seconds of a (backend, group); 0 if not listed
     tests/group_seconds.txt 2>/dev/null || echo 0
 }
 : > "$scratch/runs"
-for backend in "${backend_list[@]}"; do
-  for i in "${!groups[@]}"; do
-    # shellcheck disable=SC2086  # e.g. tests/data+tests/losses+...
-    key=$(echo ${groups[$i]} | tr ' ' '+')
-    [[ "$key" == *.py+* ]] && key="top-level"  # tests/*_test.py
-    echo "$(seconds_of "$backend" "${key:-all}") $backend $i" >> "$scratch/runs"
-  done
+for run in "${run_list[@]}"; do
+  read -r backend i <<< "$run"
+  # shellcheck disable=SC2086  # e.g. tests/data+tests/losses+...
+  key=$(echo ${groups[$i]} | tr ' ' '+')
+  [[ "$key" == *.py+* ]] && key="top-level"  # tests/*_test.py
+  echo "$(seconds_of "$backend" "${key:-all}") $backend $i" >> "$scratch/runs"
 done
 sort -k1,1nr -s "$scratch/runs" -o "$scratch/runs"
 # One NUL-terminated argument each; none at all when none were given (a
