@@ -57,13 +57,14 @@ import subprocess
 import sys
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "jax")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness  # noqa: E402
+
+_harness.environment("jax", log_level="3")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import paper_tables  # noqa: E402
 
 from keras_mogrifier.backend import get_backend_module  # noqa: E402
@@ -293,10 +294,7 @@ class RowRecord:
             for key in ADDED_SETTINGS:
                 if key not in recorded and key in current:
                     recorded[key] = current[key]
-            changed = sorted(
-                k for k in set(current) | set(recorded)
-                if current.get(k) != recorded.get(k)
-            )
+            changed = _harness.changed_settings(recorded, current)
             if changed:
                 raise ValueError(
                     f"Expected the settings recorded in {path} to resume that "
@@ -356,11 +354,7 @@ def load_row(path):
 
 
 def _write_json(path, data):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    temporary = path + ".tmp"
-    with open(temporary, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(temporary, path)
+    _harness.write_json(path, data, indent=1)
 
 
 log = paper_tables.log
