@@ -284,7 +284,8 @@ def gap_worker(args):
 
 
 def _thread_settings(backend):
-    settings = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    settings = {k: os.environ.get(k) for k in (
+        "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "KERAS_MOGRIFIER_TORCH_THREADS")}
     if backend == "torch":
         import torch
 
@@ -481,7 +482,8 @@ def main():
     parser.add_argument("--gap-batch", type=int, default=32)
     parser.add_argument("--gap-window", type=int, default=35)
     parser.add_argument("--torch-threads", type=int,
-                        help="torch.set_num_threads in the PyTorch worker (default: PyTorch's)")
+                        help="torch.set_num_threads in the PyTorch worker (default: the "
+                             "library's policy, KERAS_MOGRIFIER_TORCH_THREADS)")
     parser.add_argument("--evaluator-jit", default="auto", type=_jit_setting,
                         help="the DynamicEvaluator's jit_compile: auto (default), true "
                              "or false (on TensorFlow's CPU, auto is false)")

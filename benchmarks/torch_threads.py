@@ -111,9 +111,11 @@ def main():
     parser.add_argument("--eval-tokens", type=int, default=100)
     parser.add_argument("--generate-tokens", type=int, default=10)
     args = parser.parse_args()
-    settings = {"default": {}}
+    # PyTorch's own default thread count, not the library's policy (one).
+    own = {"KERAS_MOGRIFIER_TORCH_THREADS": "torch"}
+    settings = {"default": own}
     if args.passive:
-        settings["OMP_WAIT_POLICY=PASSIVE"] = {"OMP_WAIT_POLICY": "PASSIVE"}
+        settings["OMP_WAIT_POLICY=PASSIVE"] = dict(own, OMP_WAIT_POLICY="PASSIVE")
     quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     started = quiet["load_average"]
     results = {name: run_worker(args, env, args.load) for name, env in settings.items()}

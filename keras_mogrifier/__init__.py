@@ -43,3 +43,9 @@ from keras_mogrifier.models import NonFiniteLossError
 from keras_mogrifier.models import RecurrentBackbone
 from keras_mogrifier.optimizers import RectifiedAdam
 from keras_mogrifier.optimizers import TwoTailedAveragingOptimizer
+
+from keras_mogrifier import backend as _backend  # noqa: E402
+
+# PyTorch: one intra-op thread unless told otherwise (see
+# `keras_mogrifier.backend.apply_thread_policy`, docs/scaling.md).
+_backend.apply_thread_policy()

@@ -4,7 +4,10 @@ function being traced, make no import (AutoGraph would try to convert
 
 import importlib
 import os
+import subprocess
+import sys
 
+import keras
 import numpy as np
 import pytest
 
@@ -118,3 +121,77 @@ def test_the_switches_say_whether_the_backend_has_them():
         import jax
 
         assert jax.config.read("jax_disable_most_optimizations") == _QUICK
+
+
+# === The thread policy (apply_thread_policy) ===
+
+
+@pytest.fixture
+def restored_torch_threads():
+    """PyTorch's intra-op threads as they were before the test."""
+    if keras.backend.backend() != "torch":
+        yield None
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    yield torch
+    torch.set_num_threads(before)
+
+
+def test_the_library_runs_pytorch_on_one_thread_unless_told_otherwise(
+        monkeypatch, restored_torch_threads):
+    torch = restored_torch_threads
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("KERAS_MOGRIFIER_TORCH_THREADS", raising=False)
+    if torch is None:  # TensorFlow and JAX: their own pools, untouched
+        before = backend.thread_settings()
+        assert backend.apply_thread_policy() == before
+        assert before["backend"] == keras.backend.backend() and before["description"]
+        return
+    torch.set_num_threads(2)
+    assert backend.apply_thread_policy()["intra_op_threads"] == 1
+    assert torch.get_num_threads() == 1
+    # The user's settings win: PyTorch's own default, a number, OMP_NUM_THREADS.
+    torch.set_num_threads(2)
+    monkeypatch.setenv("KERAS_MOGRIFIER_TORCH_THREADS", "torch")
+    backend.apply_thread_policy()
+    assert torch.get_num_threads() == 2
+    monkeypatch.setenv("KERAS_MOGRIFIER_TORCH_THREADS", " 3 ")
+    settings = backend.apply_thread_policy()
+    assert torch.get_num_threads() == 3 and "3 intra-op" in settings["description"]
+    torch.set_num_threads(2)
+    monkeypatch.setenv("KERAS_MOGRIFIER_TORCH_THREADS", "auto")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    backend.apply_thread_policy()
+    assert torch.get_num_threads() == 2
+
+
+def test_a_bad_thread_setting_is_a_clear_error_that_changes_nothing(
+        monkeypatch, restored_torch_threads):
+    torch = restored_torch_threads
+    if torch is None:
+        pytest.skip("the variable is PyTorch's")
+    for value in ["0", "-1", "two", "1.5", ""]:
+        torch.set_num_threads(2)
+        monkeypatch.setenv("KERAS_MOGRIFIER_TORCH_THREADS", value)
+        with pytest.raises(ValueError, match="'auto', 'torch' or a positive integer.*Received"):
+            backend.apply_thread_policy()
+        assert torch.get_num_threads() == 2
+
+
+def test_importing_the_package_applies_the_policy():
+    # A fresh process, as a user's program starts: PyTorch's default is
+    # the number of cores; the package leaves one thread (or, on the other
+    # backends, their own defaults).
+    code = ("import keras_mogrifier, keras; from keras_mogrifier import backend; "
+            "print(backend.thread_settings()['description'])")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "KERAS_MOGRIFIER_TORCH_THREADS")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if keras.backend.backend() == "torch":
+        assert done.stdout.strip().startswith("1 intra-op thread(s)")
+    else:
+        assert done.stdout.strip()

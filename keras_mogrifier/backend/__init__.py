@@ -72,6 +72,11 @@ Each backend module implements the same functions:
   and runs them slower (for tests of tiny models); returns whether the
   backend has the setting. JAX's `jax_disable_most_optimizations`;
   TensorFlow and PyTorch return `False` and change nothing.
+- `apply_thread_policy()`: sets the backend's CPU thread count by the
+  library's policy (`apply_thread_policy` below), once, when
+  `keras_mogrifier` is imported; returns `thread_settings()`.
+- `thread_settings()`: the backend's CPU thread settings now, as a dict
+  with a one-line `"description"`.
 - `check_dataset_on_host(dataset, check)`: a `tf.data.Dataset` whose
   elements go through `check(index, numpy_element)` on the host before
   they are used (one implementation, `_shared.py`: tf.data is
@@ -156,6 +161,58 @@ def optimize_compiled_code(enabled):
         Whether the active backend honours the setting.
     """
     return get_backend_module().optimize_compiled_code(bool(enabled))
+
+
+def apply_thread_policy():
+    """Sets the active backend's CPU threads by the library's policy.
+
+    Called once, when `keras_mogrifier` is imported. On a machine whose
+    cores other processes also use, PyTorch's default pool (one thread per
+    core) spins at every operation's barrier while it waits for a thread
+    that another process holds: measured on 2 cores with two busy processes
+    beside it, a training step took 3.0× and dynamic evaluation 4.4× its
+    quiet time, where one thread took 1.5× and 1.2×
+    (`benchmarks/thread_policy.py`, docs/scaling.md). So on PyTorch the
+    library runs one intra-op thread unless told otherwise:
+
+    - `KERAS_MOGRIFIER_TORCH_THREADS` unset or `"auto"`: one thread, unless
+      `OMP_NUM_THREADS` is set (then PyTorch's reading of it stands);
+    - `"torch"`: PyTorch's own default, untouched;
+    - a positive integer `N`: `N` threads.
+
+    `torch.set_num_threads(n)` after importing `keras_mogrifier` overrides it
+    too: the policy runs once and never again. On a machine of your own with
+    idle cores, more threads speed up a large model's training
+    (docs/scaling.md gives the quiet cost of one thread). TensorFlow's and
+    JAX's thread pools are left as they are: measured the same way, they
+    stay within the share of the CPU they lose.
+
+    Returns:
+        `thread_settings()` after the policy, or `None` on a backend that
+        is not one of TensorFlow, JAX and PyTorch.
+
+    Raises:
+        ValueError: `KERAS_MOGRIFIER_TORCH_THREADS` is set to something other
+            than `"auto"`, `"torch"` or a positive integer.
+    """
+    if keras.backend.backend() not in BACKENDS:
+        return None
+    return get_backend_module().apply_thread_policy()
+
+
+def thread_settings():
+    """The active backend's CPU thread settings now.
+
+    Returns:
+        A dict: `"backend"`, the backend's own counts (PyTorch:
+        `"intra_op_threads"`, `"interop_threads"`; TensorFlow: its
+        configured intra- and inter-op threads, 0 meaning its default; JAX:
+        the `XLA_FLAGS` that set its threads) and a one-line
+        `"description"`; `None` on another backend.
+    """
+    if keras.backend.backend() not in BACKENDS:
+        return None
+    return get_backend_module().thread_settings()
 
 
 def _own(name):

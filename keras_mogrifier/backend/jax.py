@@ -12,6 +12,7 @@ with respect to the values of the chosen variables. Everything runs under
 """
 
 import contextlib
+import os
 
 import jax
 import keras
@@ -21,6 +22,19 @@ from keras_mogrifier.backend._shared import check_dataset_on_host  # noqa: F401
 from keras_mogrifier.backend._shared import patched
 from keras_mogrifier.backend._shared import trainer_variables
 from keras_mogrifier.backend._variables import model_state
+
+
+def apply_thread_policy():
+    return thread_settings()  # XLA's own pools (docs/scaling.md)
+
+
+def thread_settings():
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if "thread" in f or "eigen" in f]
+    return {
+        "backend": "jax", "xla_thread_flags": flags,
+        "description": " ".join(flags) if flags else "XLA's default threads",
+    }
 
 
 def default_jit_compile(model, many_steps=True):

@@ -7,6 +7,7 @@ assigns its variables inside the trace as it does in eager mode, and a
 """
 
 import contextlib
+import os
 
 import keras
 import tensorflow as tf
@@ -14,6 +15,23 @@ import tensorflow as tf
 from keras_mogrifier.backend._shared import all_finite
 from keras_mogrifier.backend._shared import check_dataset_on_host  # noqa: F401
 from keras_mogrifier.backend._shared import patched
+
+
+def apply_thread_policy():
+    return thread_settings()  # TensorFlow's own pools (docs/scaling.md)
+
+
+def thread_settings():
+    # 0: TensorFlow's default, or what TF_NUM_INTRAOP_THREADS /
+    # TF_NUM_INTEROP_THREADS in the environment say (read at its start).
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    inter = tf.config.threading.get_inter_op_parallelism_threads()
+    intra = intra or os.environ.get("TF_NUM_INTRAOP_THREADS") or "default"
+    inter = inter or os.environ.get("TF_NUM_INTEROP_THREADS") or "default"
+    return {
+        "backend": "tensorflow", "intra_op_threads": intra, "inter_op_threads": inter,
+        "description": f"intra-op {intra}, inter-op {inter}",
+    }
 
 
 def default_jit_compile(model, many_steps=True):

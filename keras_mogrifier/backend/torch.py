@@ -12,6 +12,7 @@ pass is done, and are then written into the variables.
 """
 
 import contextlib
+import os
 
 import keras
 import torch
@@ -20,6 +21,46 @@ from keras_mogrifier.backend._shared import all_finite
 from keras_mogrifier.backend._shared import check_dataset_on_host  # noqa: F401
 from keras_mogrifier.backend._shared import patched
 from keras_mogrifier.backend._variables import model_state
+
+
+THREADS_VARIABLE = "KERAS_MOGRIFIER_TORCH_THREADS"
+
+
+def _policy_threads():
+    """The intra-op thread count the policy asks for, or `None` (leave it)."""
+    value = os.environ.get(THREADS_VARIABLE, "auto")
+    setting = value.strip().lower()
+    if setting == "torch":
+        return None
+    if setting == "auto":
+        return None if os.environ.get("OMP_NUM_THREADS") else 1
+    try:
+        threads = int(setting)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(
+            f"Expected {THREADS_VARIABLE} to be 'auto', 'torch' or a positive integer "
+            f"(PyTorch's intra-op threads). Received: {value!r}"
+        )
+    return threads
+
+
+def apply_thread_policy():
+    threads = _policy_threads()
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return thread_settings()
+
+
+def thread_settings():
+    intra, interop = torch.get_num_threads(), torch.get_num_interop_threads()
+    policy = os.environ.get(THREADS_VARIABLE, "auto")
+    return {
+        "backend": "torch", "intra_op_threads": intra, "interop_threads": interop,
+        "policy": policy, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "description": f"{intra} intra-op thread(s) ({THREADS_VARIABLE}={policy})",
+    }
 
 
 def default_jit_compile(model, many_steps=True):
