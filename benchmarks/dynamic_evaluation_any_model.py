@@ -1,14 +1,21 @@
-"""Dynamic evaluation of a keras-hub GPT-2 and of our RLSTM on PTB (issue 41).
+"""Dynamic evaluation of a keras-hub GPT-2 and of our recurrent models on PTB (issue 41).
 
-Two word-level PTB models of comparable size, trained for the same budget of
-training compute (`--train-minutes`, default 60, of the process's CPU time:
-an hour of one core, whatever else the machine runs), are scored on the test split statically and dynamically, with
-every adaptation mode of `DynamicEvaluator`:
+Word-level PTB models of comparable size, trained for the same budget of
+training compute (`--train-minutes`, default 60, of the process's CPU time),
+are scored on the test split statically and dynamically, with every
+adaptation mode of `DynamicEvaluator`. The process runs one thread (XLA's
+`intra_op_parallelism_threads=1` without Eigen's multi-threading,
+`OMP_NUM_THREADS=1`), so that its CPU time is the work done, whatever else
+the machine runs: with a pool of threads, the time they spend waiting for
+each other on a busy machine counts too (a first pass of this benchmark,
+`dynamic_evaluation_any_model_first_pass.json`, ran so: the same model got
+11 epochs from its 60 CPU-minutes on a busy machine and 17 on a quieter one).
 
 | unit | what |
 | --- | --- |
 | `train:gpt2` | a GPT-2-style keras-hub `GPT2CausalLM` (2 layers, 4 heads, d = 128, 512-wide MLP, context 128), AdamW, windows of 128 tokens |
-| `train:rlstm` | our `LanguageModel(cell="rlstm")`, one layer, its units chosen so that its parameters are closest to GPT-2's, AdamW, state carried |
+| `train:mogrifier_rlstm` | our `LanguageModel(cell="mogrifier_rlstm")`, one layer, its units chosen so that its parameters are closest to GPT-2's, AdamW, state carried |
+| `train:rlstm` | the same with `cell="rlstm"` |
 | `eval:<model>:static` | test perplexity, no adaptation (GPT-2: sliding windows of 128 tokens, segments of `n`) |
 | `eval:<model>:full` | every trainable variable adapted (eq. 8, Krause's RMS rule) |
 | `eval:<model>:lora` | rank-4 LoRA factors on every Dense / EinsumDense / Embedding |
@@ -17,14 +24,15 @@ every adaptation mode of `DynamicEvaluator`:
 
 Each adapting mode is tuned on the first `--tune-tokens` of the validation
 split the same way: gradient statistics from 50 training batches, then η on
-a log grid at λ = 0, then λ at the best η (`search_dynamic_evaluation`'s
-"sequential" strategy); a best value at an end of its grid widens the grid
-that way (up to twice) and the JSON says whether the best ended interior.
-The segment length is `--segment-length` for every mode (16: Krause et al.
-2019 used 128 with a cached memory; ours recomputes the window, see
-docs/dynamic-evaluation-any-model.md). Then the whole test split is scored
-as one stream with the tuned setting; the JSON keeps the perplexity, the
-seconds and ms per token.
+a log grid at λ = 0 and the segment length `--segment-length` (16), then λ
+at the best η, then the segment length (8, 16, 32) at the best (η, λ): a
+coordinate search, one axis at a time; a best value at an end of its grid
+widens the grid that way (up to four times) and the JSON says whether the
+best ended interior. Then the whole test split is scored as one stream with
+the tuned setting, and statically with the same segment length (the same
+windows: the gain is like for like); the JSON keeps the perplexities, the
+seconds, and the wall and CPU ms per token. The `static` unit scores at
+`--segment-length`.
 
 Every unit is written to `--json` as it finishes; `--resume` skips finished
 units, and training resumes at its last finished epoch (model and optimizer
@@ -38,8 +46,10 @@ weights are missing is trained again.
     KERAS_BACKEND=jax nohup python benchmarks/dynamic_evaluation_any_model.py \\
         --data-dir ../shared/data/ptb --resume >> runs/any_model.log 2>&1 &
 
-Timings are wall-clock on whatever else the machine is doing (the JSON
-records the load average): the perplexities do not depend on it.
+Wall-clock timings depend on whatever else the machine is doing (the JSON
+records the load average); the CPU times of the one thread much less, and
+the perplexities not at all. Each model is trained and then evaluated before
+the next starts, so a finished model's results land early.
 """
 
 import math
@@ -51,6 +61,11 @@ import types
 import _harness
 
 _harness.environment("jax")
+# One thread (see above), before JAX and TensorFlow start.
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + ONE_THREAD).strip()
+os.environ["OMP_NUM_THREADS"] = "1"
+os.environ["TF_NUM_INTRAOP_THREADS"] = "1"
 sys.path.insert(0, os.path.join(_harness.REPOSITORY, "examples"))
 import _quiet  # noqa: E402,F401  (first: a quiet TensorFlow start)
 
@@ -66,6 +81,9 @@ REPOSITORY = _harness.REPOSITORY
 MODES = ("static", "full", "lora", "bitfit", "full_sentences")
 LEARNING_RATES = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3]
 DECAY_RATES = [0.0, 1e-3, 1e-2, 1e-1]
+SEGMENT_LENGTHS = [8, 16, 32]
+WIDENINGS = 4
+RECURRENT = ("mogrifier_rlstm", "rlstm")
 GPT2 = dict(num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=512,
             max_sequence_length=128, dropout=0.1)
 
@@ -90,7 +108,7 @@ def parse(argv):
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--train-tokens", type=int, default=None,
                         help="train on only this many tokens (a smoke test; default: all)")
-    parser.add_argument("--models", default="gpt2,rlstm")
+    parser.add_argument("--models", default="gpt2,mogrifier_rlstm,rlstm")
     parser.add_argument("--resume", action="store_true")
     return parser.parse_args(argv)
 
@@ -125,9 +143,9 @@ def gpt2_model(vocabulary_size):
     return model
 
 
-def rlstm_model(vocabulary_size, units, batch_size):
+def recurrent_model(name, vocabulary_size, units, batch_size):
     return km.LanguageModel(
-        vocabulary_size=vocabulary_size, units=units, num_layers=1, cell="rlstm",
+        vocabulary_size=vocabulary_size, units=units, num_layers=1, cell=name,
         input_dropout=0.3, state_dropout=0.2, output_dropout=0.3, batch_size=batch_size,
     )
 
@@ -136,11 +154,11 @@ def parameters(model):
     return int(sum(np.prod(v.shape) for v in model.trainable_variables))
 
 
-def rlstm_units(vocabulary_size, target, batch_size):
-    """The units (a multiple of 32) whose RLSTM parameter count is closest to `target`."""
+def recurrent_units(name, vocabulary_size, target, batch_size):
+    """The units (a multiple of 32) whose parameter count is closest to `target`."""
     best = None
     for units in range(64, 513, 32):
-        model = rlstm_model(vocabulary_size, units, batch_size)
+        model = recurrent_model(name, vocabulary_size, units, batch_size)
         model.build((batch_size, None))
         gap = abs(parameters(model) - target)
         if best is None or gap < best[0]:
@@ -198,7 +216,7 @@ def train(record, name, corpus, args, vocabulary_size):
     last, best = os.path.join(directory, "last.keras"), os.path.join(directory, "best.weights.h5")
     entry = record.data["units"].get(unit) or {"epochs": [], "train_cpu_seconds": 0.0}
     budget = args.train_minutes * 60
-    keras.utils.set_random_seed(len(entry["epochs"]))
+    keras.utils.set_random_seed(len(entry["epochs"]))  # the model's initial weights
     if entry["epochs"] and os.path.exists(last):
         model = keras.saving.load_model(last)
         log(f"{name}: resumed after epoch {len(entry['epochs'])}, {entry['train_cpu_seconds']:.0f} CPU s trained")
@@ -211,9 +229,9 @@ def train(record, name, corpus, args, vocabulary_size):
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             )
         else:
-            target = record.data["units"]["train:gpt2"]["parameters"]
-            units = rlstm_units(vocabulary_size, target, args.batch_size)
-            model = rlstm_model(vocabulary_size, units, args.batch_size)
+            target = parameters(gpt2_model(vocabulary_size))
+            units = recurrent_units(name, vocabulary_size, target, args.batch_size)
+            model = recurrent_model(name, vocabulary_size, units, args.batch_size)
             model.compile(
                 optimizer=keras.optimizers.AdamW(2e-3, weight_decay=0.01, global_clipnorm=1.0),
                 loss=km.IWAEDropoutLoss(), weighted_metrics=[km.Perplexity()],
@@ -226,6 +244,9 @@ def train(record, name, corpus, args, vocabulary_size):
     valid_x, valid_y = windows(corpus.valid, 128, 0)
     while entry["train_cpu_seconds"] < budget:
         epoch = len(entry["epochs"])
+        # Every epoch seeded by its number (dropout masks, shuffling): an epoch
+        # run after a resume draws what it would have drawn without one.
+        keras.utils.set_random_seed(1000 + epoch)
         start, cpu_start = time.time(), time.process_time()
         if name == "gpt2":
             x, y = windows(corpus.train, 128, (epoch * 37) % 128)
@@ -277,11 +298,11 @@ def trained(record, name, corpus, args, vocabulary_size):
     if name == "gpt2":
         model = gpt2_model(vocabulary_size)
     else:
-        units = record.data["units"]["train:rlstm"]["units"]
-        model = rlstm_model(vocabulary_size, units, args.batch_size)
+        units = record.data["units"][f"train:{name}"]["units"]
+        model = recurrent_model(name, vocabulary_size, units, args.batch_size)
         model.build((args.batch_size, None))
     load_kept_weights(model, kept_path(args, name))
-    if name == "rlstm":
+    if name in RECURRENT:
         model = model.with_options(batch_size=16)  # statistics batches of 16; scored at 1
     return model
 
@@ -301,42 +322,77 @@ def evaluator_for(model, name, mode, args, **settings):
     return DynamicEvaluator(model, **options)
 
 
-def tuned(evaluator, valid, unit, entry, record):
-    """`(η, λ)` from a sequential search with widening at the grid's ends."""
-    tried = {}
+def statistics(evaluator, corpus):
+    """Gradient statistics from 50 training batches of 16, at the evaluator's segment length."""
+    evaluator.collect_gradient_statistics(corpus.train, batch_size=16, steps=50)
 
-    def search(learning_rates, decay_rates):
-        fresh = [(a, b) for a in learning_rates for b in decay_rates if (a, b) not in tried]
-        if fresh:
-            found = search_dynamic_evaluation(evaluator, valid, settings=fresh)
-            for r in found["results"]:
-                tried[(r["learning_rate"], r["decay_rate"])] = r["perplexity"]
-            entry["tried"] = [[a, b, p] for (a, b), p in sorted(tried.items())]
+
+def tuned(evaluator, corpus, valid, unit, entry, record, longest=None):
+    """`(η, λ, n)`: a coordinate search, each axis widened at its grid's ends
+    (the segment length up to `longest`, a windowed model's context)."""
+    tried = {}  # (η, λ, n) -> validation perplexity
+    lengths_with_statistics = [evaluator.segment_length]
+
+    def search(points):
+        for n in sorted({p[2] for p in points}):
+            fresh = [(a, b) for a, b, m in points if m == n and (a, b, n) not in tried]
+            if not fresh:
+                continue
+            if evaluator.segment_length != n or lengths_with_statistics[-1] != n:
+                evaluator.segment_length = n
+                statistics(evaluator, corpus)
+                lengths_with_statistics.append(n)
+            try:
+                found = search_dynamic_evaluation(evaluator, valid, settings=fresh)["results"]
+            except km.DivergenceError:  # every one diverged
+                found = [{"learning_rate": a, "decay_rate": b, "perplexity": math.inf}
+                         for a, b in fresh]
+            for r in found:
+                tried[(r["learning_rate"], r["decay_rate"], n)] = r["perplexity"]
+            entry["tried"] = [[a, b, m, p] for (a, b, m), p in sorted(tried.items())]
             record.save(unit, entry)
-        return min((tried[(a, b)], a, b) for a in learning_rates for b in decay_rates)
+        return min((tried[p], p) for p in points)[1]
 
-    def widen(grid, best, other_fixed, axis):
+    def widen(grid, point, axis):
+        """The best value along `axis` through `point`; whether it is interior."""
         grid = list(grid)
-        for _ in range(2):
-            if axis == 0:
-                _, a, b = search(grid, [other_fixed])
-                value = a
-            else:
-                _, a, b = search([other_fixed], grid)
-                value = b
+        for _ in range(WIDENINGS + 1):
+            points = [tuple(v if i == axis else point[i] for i in range(3)) for v in grid]
+            value = search(points)[axis]
             if value == grid[0] and grid[0] > 0:
-                grid.insert(0, grid[0] / (grid[1] / grid[0]))
+                if axis == 2:
+                    if grid[0] // 2 < 1:
+                        return value, False
+                    grid.insert(0, grid[0] // 2)
+                else:
+                    grid.insert(0, grid[0] / (grid[1] / grid[0]))
             elif value == grid[-1]:
-                grid.append(grid[-1] * (grid[-1] / grid[-2]))
+                if axis == 2 and longest is not None and grid[-1] * 2 > longest:
+                    return value, False
+                grid.append(grid[-1] * 2 if axis == 2 else grid[-1] * (grid[-1] / grid[-2]))
             else:
                 return value, True
         return value, False
 
-    eta, eta_interior = widen(LEARNING_RATES, None, 0.0, 0)
-    decay, decay_interior = widen(DECAY_RATES, None, eta, 1)
-    entry.update(learning_rate=eta, decay_rate=decay,
-                 interior={"learning_rate": eta_interior, "decay_rate": decay_interior})
-    return eta, decay
+    point = (None, 0.0, evaluator.segment_length)
+    eta, eta_interior = widen(LEARNING_RATES, point, 0)
+    decay, decay_interior = widen(DECAY_RATES, (eta, 0.0, point[2]), 1)
+    n, n_interior = widen(SEGMENT_LENGTHS, (eta, decay, point[2]), 2)
+    if evaluator.segment_length != n or lengths_with_statistics[-1] != n:
+        evaluator.segment_length = n
+        statistics(evaluator, corpus)
+    entry.update(learning_rate=eta, decay_rate=decay, segment_length=n,
+                 valid_perplexity=tried[(eta, decay, n)],
+                 interior={"learning_rate": eta_interior, "decay_rate": decay_interior,
+                           "segment_length": n_interior})
+    return eta, decay, n
+
+
+def timed(function):
+    """`(result, wall seconds, CPU seconds)` of `function()`."""
+    start, cpu_start = time.time(), time.process_time()
+    result = function()
+    return result, time.time() - start, time.process_time() - cpu_start
 
 
 def evaluate(record, name, mode, corpus, args, vocabulary_size):
@@ -345,36 +401,50 @@ def evaluate(record, name, mode, corpus, args, vocabulary_size):
         return
     model = trained(record, name, corpus, args, vocabulary_size)
     test = corpus.test if args.test_tokens is None else corpus.test[: args.test_tokens + 1]
+    valid = corpus.valid[: args.tune_tokens + 1]
     entry = {"environment": environment()}
     if mode == "static":
         evaluator = evaluator_for(model, name, "full", args)
-        start = time.time()
-        result = evaluator.evaluate(test, adapt=False, verbose=0)
+        entry["segment_length"] = evaluator.segment_length
+        entry["valid_perplexity"] = evaluator.evaluate(valid, adapt=False, verbose=0)["perplexity"]
+        result, seconds, cpu_seconds = timed(
+            lambda: evaluator.evaluate(test, adapt=False, verbose=0))
     elif mode == "full_sentences":
         full = record.data["units"][f"eval:{name}:full"]
         evaluator = evaluator_for(
             model, name, "full", args, learning_rate=full["learning_rate"],
             decay_rate=full["decay_rate"], reset="document", separator=corpus.eos_id,
         )
-        evaluator.collect_gradient_statistics(corpus.train, batch_size=16, steps=50)
-        entry.update(learning_rate=full["learning_rate"], decay_rate=full["decay_rate"])
-        start = time.time()
-        result = evaluator.evaluate(test, verbose=0)
+        evaluator.segment_length = full["segment_length"]
+        statistics(evaluator, corpus)
+        entry.update(learning_rate=full["learning_rate"], decay_rate=full["decay_rate"],
+                     segment_length=full["segment_length"])
+        result, seconds, cpu_seconds = timed(lambda: evaluator.evaluate(test, verbose=0))
+        entry["static_sentences_perplexity"] = evaluator.evaluate(
+            test, adapt=False, verbose=0)["perplexity"]
     else:
         evaluator = evaluator_for(model, name, mode, args)
-        evaluator.collect_gradient_statistics(corpus.train, batch_size=16, steps=50)
+        statistics(evaluator, corpus)
         entry["adapted_parameters"] = int(sum(np.prod(v.shape) for v in evaluator.adapted_variables()))
-        eta, decay = tuned(evaluator, corpus.valid[: args.tune_tokens + 1], unit, entry, record)
+        entry["static_valid_perplexity"] = evaluator.evaluate(
+            valid, adapt=False, verbose=0)["perplexity"]
+        eta, decay, _ = tuned(evaluator, corpus, valid, unit, entry, record,
+                              longest=GPT2["max_sequence_length"] if name == "gpt2" else None)
         evaluator.learning_rate, evaluator.decay_rate = eta, decay
-        start = time.time()
-        result = evaluator.evaluate(test, verbose=0)
-    seconds = time.time() - start
+        result, seconds, cpu_seconds = timed(lambda: evaluator.evaluate(test, verbose=0))
+        # The same windows without adaptation: the gain, like for like.
+        static, static_seconds, static_cpu = timed(
+            lambda: evaluator.evaluate(test, adapt=False, verbose=0))
+        entry.update(static_test_perplexity=static["perplexity"],
+                     static_ms_per_token=1000 * static_seconds / static["num_tokens"],
+                     static_cpu_ms_per_token=1000 * static_cpu / static["num_tokens"])
     entry.update(test_perplexity=result["perplexity"], num_tokens=result["num_tokens"],
                  seconds=seconds, ms_per_token=1000 * seconds / result["num_tokens"],
+                 cpu_ms_per_token=1000 * cpu_seconds / result["num_tokens"],
                  finished=True)
     record.save(unit, entry)
     log(f"{unit}: test perplexity {result['perplexity']:.2f}, "
-        f"{entry['ms_per_token']:.2f} ms/token")
+        f"{entry['ms_per_token']:.2f} ms/token ({entry['cpu_ms_per_token']:.2f} CPU)")
 
 
 def main(argv=None):
@@ -383,6 +453,8 @@ def main(argv=None):
         "train_minutes", "tune_tokens", "test_tokens", "segment_length", "batch_size",
         "train_tokens")}
     settings["gpt2"] = GPT2
+    settings["threads"] = ONE_THREAD
+    settings["segment_lengths"] = SEGMENT_LENGTHS
     record = Record(args.json, settings, args.resume)
     full = load_corpus(args.data_dir)
     corpus = types.SimpleNamespace(
@@ -390,9 +462,8 @@ def main(argv=None):
         eos_id=full.vocabulary.eos_id)
     vocabulary_size = len(full.vocabulary)
     names = args.models.split(",")
-    for name in names:
+    for name in names:  # each model trained, then evaluated, before the next
         train(record, name, corpus, args, vocabulary_size)
-    for name in names:
         for mode in MODES:
             evaluate(record, name, mode, corpus, args, vocabulary_size)
     log("done")

@@ -16,6 +16,7 @@ import os
 
 import jax
 import keras
+import numpy as np
 
 from keras_mogrifier.backend._shared import all_finite
 from keras_mogrifier.backend._shared import check_dataset_on_host  # noqa: F401
@@ -127,47 +128,87 @@ def model_gradients(model, variables, fn, jit_compile):
     return _stateful(model, traced)
 
 
+def _capacity(length, capacity):
+    """The padded length of a call: the next power of two, never less than before."""
+    return max(capacity, 1 << max(0, length - 1).bit_length())
+
+
 def _loop(model, body):
     """Runs `body(values, carry, constants, slices) -> (new_values, carry, output)`.
 
     Returns `run(carry, constants, *sequences) -> (carry, outputs)`: one
-    jitted `jax.lax.scan` over the leading axis of `sequences` (compiled
-    once per length). `new_values[i]` is the value the step assigned to the
-    model's variable `i`, or `None`; only the variables a step assigns (the
-    carried state, adapted weights) travel in the scan's carry — found by
-    tracing one step abstractly — and the others are read as constants, so
-    no iteration copies them. The assigned values are written back into
-    the variables afterwards.
+    jitted loop over the leading axis of `sequences`. `new_values[i]` is
+    the value the step assigned to the model's variable `i`, or `None`; only
+    the variables a step assigns (the carried state, adapted weights)
+    travel in the loop's carry — found by tracing one step abstractly — and
+    the others are read as constants, so no iteration copies them. The
+    assigned values are written back into the variables afterwards.
+
+    Compiled once for calls of any length: the sequences are padded along
+    the leading axis to a capacity (the next power of two of the longest
+    call so far) and the loop runs for the call's own length, a traced
+    number — a stream's calls of 64 segments and the one-segment calls of
+    its rest run one program, and the padding is never computed on (the
+    outputs of padded iterations are zeros, cut off on the host).
     """
     variables = model_state(model)
 
     @jax.jit
-    def traced(values, carry, constants, *sequences):
+    def traced(values, carry, constants, length, *sequences):
         first = [s[0] for s in sequences]
-        probe = jax.eval_shape(lambda v, c: body(v, c, constants, first)[0], values, carry)
+        probe, _, probe_output = jax.eval_shape(
+            lambda v, c: body(v, c, constants, first), values, carry
+        )
         assigned = [i for i, new in enumerate(probe) if new is not None]
+        capacity = sequences[0].shape[0]
 
-        def step(state, slices):
-            changing, carry = state
+        def step(k, state):
+            changing, carry, outputs = state
             current = list(values)
             for i, value in zip(assigned, changing):
                 current[i] = value
+            slices = [jax.lax.dynamic_index_in_dim(s, k, keepdims=False) for s in sequences]
             new_values, carry, output = body(current, carry, constants, slices)
-            return ([new_values[i] for i in assigned], carry), output
+            outputs = jax.tree.map(
+                lambda buffer, o: jax.lax.dynamic_update_index_in_dim(buffer, o, k, 0),
+                outputs, output,
+            )
+            return [new_values[i] for i in assigned], carry, outputs
 
+        outputs = jax.tree.map(
+            lambda o: jax.numpy.zeros((capacity,) + tuple(o.shape), o.dtype), probe_output
+        )
         initial = [values[i] for i in assigned]
-        (changing, carry), outputs = jax.lax.scan(step, (initial, carry), tuple(sequences))
+        changing, carry, outputs = jax.lax.fori_loop(
+            0, length, step, (initial, carry, outputs)
+        )
         new_values = [None] * len(values)
         for i, value in zip(assigned, changing):
             new_values[i] = value
         return (carry, outputs), new_values
 
+    capacity = [0]
+
     def run(carry, constants, *sequences):
+        length = int(sequences[0].shape[0])
+        capacity[0] = _capacity(length, capacity[0])
+        if length < capacity[0]:
+            # On the host: padding on the device would compile an operation
+            # for every length.
+            sequences = [
+                np.concatenate([np.asarray(s), np.zeros(
+                    (capacity[0] - length,) + tuple(s.shape[1:]), np.asarray(s).dtype)])
+                for s in sequences
+            ]
         values = [v.value for v in variables]
-        (carry, outputs), new_values = traced(values, carry, constants, *sequences)
+        (carry, outputs), new_values = traced(
+            values, carry, constants, np.int32(length), *sequences
+        )
         for variable, new in zip(variables, new_values):
             if new is not None:
                 variable.assign(new)
+        if length < capacity[0]:
+            outputs = jax.tree.map(lambda o: np.asarray(o)[:length], outputs)
         return carry, outputs
 
     return variables, run

@@ -117,7 +117,38 @@ def _loop(body, jit_compile):
         )
         return carry, tf.nest.pack_sequence_as(first, [a.stack() for a in arrays])
 
-    return tf.function(run, jit_compile=bool(jit_compile), reduce_retracing=True)
+    function = tf.function(run, jit_compile=bool(jit_compile), reduce_retracing=True)
+    traced = []
+
+    def call(carry, constants, *sequences):
+        # The first trace is for any number of iterations (the sequences'
+        # leading axis unknown), so that a stream's full calls and the short
+        # calls of its rest run one trace, not two (reduce_retracing would
+        # relax the axis only at the second length seen).
+        if not traced:
+            function.get_concrete_function(
+                _specs(carry, False), _specs(constants, False),
+                *[_specs(s, True) for s in sequences],
+            )
+            traced.append(True)
+        return function(carry, constants, *sequences)
+
+    return call
+
+
+def _specs(structure, any_length):
+    """`tf.TensorSpec`s of a structure's tensors (others kept), the leading
+    axis unknown with `any_length`."""
+
+    def spec(value):
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            return value
+        shape = tf.TensorShape(value.shape)
+        if any_length and shape.rank:
+            shape = tf.TensorShape([None]).concatenate(shape[1:])
+        return tf.TensorSpec(shape, tf.as_dtype(value.dtype))
+
+    return tf.nest.map_structure(spec, structure)
 
 
 def model_loop(model, fn, jit_compile):

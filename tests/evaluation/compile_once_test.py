@@ -97,6 +97,24 @@ def test_a_text_of_another_length_traces_nothing_new(family):
             assert traces(counter, run(other)) == again, (adapt, len(other))
 
 
+@pytest.mark.parametrize("family", ["recurrent", "windowed"])
+def test_the_first_text_compiles_one_program_for_its_full_calls_and_its_rest(family):
+    """A stream's calls of `SEGMENTS_PER_CALL` segments and the one-segment
+    calls of its rest run one compiled adaptation loop: the first dynamic
+    evaluation of a text with a rest traces as much as that of a text of
+    exactly one full call (issue 43: a second program made the first call
+    of a model cost two compilations)."""
+    context = 16 if family == "windowed" else None
+
+    def first_traces(stream):
+        model, counter = {"recurrent": recurrent, "windowed": windowed}[family]()
+        ev = DynamicEvaluator(model, update_rule="sgd", learning_rate=0.1, segment_length=N,
+                              context_length=context)
+        return traces(counter, lambda: ev.evaluate(stream, verbose=0))
+
+    assert first_traces(FIRST) == first_traces(text(SEGMENTS_PER_CALL, 0, 7))
+
+
 def test_the_neural_cache_traces_nothing_new_for_another_length():
     model, counter = recurrent()
     cache = NeuralCache(model, cache_size=10, segment_length=N)
