@@ -119,6 +119,9 @@ def run(
     # unless callbacks were given: they see the model after every
     # segment, so each segment is then a call of its own.
     per_call = 1 if callbacks else segments_per_call
+    # Whether `score_segments` below runs a backend loop, one program for a
+    # call of any number of segments (else calls of `per_call` or one).
+    any_count = False
     if not adapt and width is None and scores_windows_whole(model):
         # Nothing changes the weights between segments: a call's `K`
         # segments are one window of `K · n` tokens for a model whose state
@@ -174,6 +177,7 @@ def run(
             return np.concatenate(losses, axis=0).reshape(count, batch, columns)
 
     elif not adapt:
+        any_count = True
         forward_loop = evaluator._step("forward_loop", [])
 
         def score_segments(x, y, w, group, first):
@@ -183,6 +187,7 @@ def run(
             return checks.host_array(losses)
 
     else:
+        any_count = True
         adaptation_loop = evaluator._step("adaptation_loop", variables)
         theta_g = _recurrent_state.snapshot(variables)
         constants = (theta_g, rms, hyperparameters)
@@ -208,7 +213,7 @@ def run(
             verbose=verbose, stop_on_divergence=stop_on_divergence,
             settings=settings, keep_final_state=keep_final_state,
             segments_per_call=per_call, context_length=width,
-            real_length=real_length, pad_calls=not adapt,
+            real_length=real_length, pad_calls=not adapt, any_count=any_count,
         )
 
     completed = False

@@ -44,6 +44,7 @@ def score_stream(
     context_length=None,
     real_length=None,
     pad_calls=False,
+    any_count=False,
 ):
     """Scores `streams` segment by segment and returns the report.
 
@@ -61,7 +62,8 @@ def score_stream(
             `first` on, and returns a `(K, batch_size, n)` array of the loss
             of every token (`x`, `y` int32 and `w` float32 NumPy arrays of
             that shape, `w` 0 for padding). `K` is `segments_per_call` or
-            1: the calls have the same shapes for a stream of any length.
+            1: the calls have the same shapes for a stream of any length
+            (with `any_count`, `K` is `segments_per_call` or the rest).
         start_group: `f(group)` or None, called before a group's first
             segment (after its state reset).
         callbacks: list of `keras.callbacks.Callback` or None: they get
@@ -104,6 +106,11 @@ def score_stream(
             `keep_final_state` or `context_length` (a windowed model's
             windows go side by side in calls of a fixed number of rows
             anyway). Defaults to `False`.
+        any_count: bool. `score_segments` runs one compiled program for
+            any `K` (the backends' loops: `model_loop`,
+            `model_adaptation_loop`): the segments after the last full call
+            are one call of the rest, not a call per segment. Defaults to
+            `False`.
 
     Returns:
         `(report, token_losses)`: the report holds `loss` (token-weighted mean
@@ -203,7 +210,8 @@ def score_stream(
     # holds `segments_per_call` segments or one, so that the compiled
     # functions see the same shapes whatever the stream's length: a model is
     # compiled once, not once per text (the rest after the last full call
-    # goes one segment per call). With `keep_final_state`, a short last
+    # goes one segment per call) — or, with `any_count`, the rest is one
+    # call, which the backend's loop runs in the same program. With `keep_final_state`, a short last
     # segment is a call of its own, so that no padding token moves the
     # state that is kept.
     short_end = keep_final_state and predicted < num_segments * n
@@ -215,7 +223,10 @@ def score_stream(
     while segments_per_call > 1 and first + segments_per_call <= whole:
         calls.append((first, segments_per_call, None))
         first += segments_per_call
-    calls += [(s, 1, None) for s in range(first, whole)]
+    if any_count and segments_per_call > 1 and first < whole:
+        calls.append((first, whole - first, None))
+    else:
+        calls += [(s, 1, None) for s in range(first, whole)]
     if short_end:
         calls.append((num_segments - 1, 1, predicted))
 

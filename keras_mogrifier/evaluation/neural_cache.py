@@ -203,7 +203,7 @@ class NeuralCache:
             self.model, streams, batch_size, self.segment_length, score_segments,
             start_group=start_group, callbacks=callbacks, verbose=verbose,
             settings=self.settings(),
-            segments_per_call=1 if callbacks else SEGMENTS_PER_CALL,
+            segments_per_call=1 if callbacks else SEGMENTS_PER_CALL, any_count=True,
         )
         if return_token_losses:
             results["token_losses"] = token_losses
@@ -257,7 +257,7 @@ class NeuralCache:
 
         static, _ = score_stream(
             self.model, streams, batch_size, self.segment_length, record,
-            settings=self.settings(), segments_per_call=SEGMENTS_PER_CALL,
+            settings=self.settings(), segments_per_call=SEGMENTS_PER_CALL, any_count=True,
         )
         cache_term = self._step("cache_term")
         losses = {}

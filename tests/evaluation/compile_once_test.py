@@ -2,9 +2,11 @@
 and the neural cache trace nothing new for a stream of another length.
 
 Every call of `score_stream`'s scoring function holds `SEGMENTS_PER_CALL`
-segments or one (the rest after the last full call), and a windowed
-model's windows are `context_length` columns also for a short stream, so
-the compiled functions see the same shapes for any length. Counted here as
+segments, or the rest after the last full call: a backend's loop runs one
+program for any number of segments (JAX pads the segments on the host to a
+power-of-two capacity and loops for the call's own number; TensorFlow's
+first trace takes any number), and a windowed model's windows are
+`context_length` columns also for a short stream. Counted here as
 the model's Python `call` running: on JAX and TensorFlow it runs when a
 function is traced, not when a compiled one runs.
 """
