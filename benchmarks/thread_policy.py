@@ -50,36 +50,49 @@ CONFIGURATIONS = (
 )
 
 
-def worker(args):
+def workload(args, tokens=100_000, evaluator_batch=1):
+    """The timed work of a worker process: `(model, ids, work)`, `work`
+    mapping each key of `KEYS` to `(function, count)` — a `fit` of
+    `args.train_steps` steps, static and dynamic evaluation of the last
+    `args.eval_tokens` tokens (per token) — on a `LanguageModel` of
+    `args.cell`, 2 × `args.units`, over `tokens` Zipf-like ids.
+    (`torch_threads.py` times the same work.)"""
     import keras
     import numpy as np
 
     from keras_mogrifier import IWAEDropoutLoss
     from keras_mogrifier import LanguageModel
-    from keras_mogrifier import backend as km_backend
     from keras_mogrifier.data import StreamDataset
     from keras_mogrifier.evaluation import DynamicEvaluator
 
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
-    ids = (rng.zipf(1.2, size=100_000) % args.vocabulary).astype("int32")
+    ids = (rng.zipf(1.2, size=tokens) % args.vocabulary).astype("int32")
     model = LanguageModel(
         args.vocabulary, units=args.units, num_layers=2, batch_size=args.batch,
         input_dropout=0.3, state_dropout=0.3, output_dropout=0.3, cell=args.cell,
     )
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=IWAEDropoutLoss())
     data = StreamDataset(ids, args.batch, args.window)
-    evaluator = DynamicEvaluator(model.with_options(batch_size=1, samples=1), segment_length=5)
-    evaluator.collect_gradient_statistics(ids, batch_size=1, steps=2)
+    evaluator = DynamicEvaluator(
+        model.with_options(batch_size=evaluator_batch, samples=1), segment_length=5)
+    evaluator.collect_gradient_statistics(ids, batch_size=evaluator_batch, steps=2)
     stream = ids[-(args.eval_tokens + 1):]
-    tokens = len(stream) - 1
+    count = len(stream) - 1
     work = {
         "train_ms": (lambda: model.fit(data, epochs=1, steps_per_epoch=args.train_steps,
                                        verbose=0), args.train_steps),
         "static_ms_per_token": (
-            lambda: evaluator.evaluate(stream, adapt=False, verbose=0), tokens),
-        "dynamic_ms_per_token": (lambda: evaluator.evaluate(stream, verbose=0), tokens),
+            lambda: evaluator.evaluate(stream, adapt=False, verbose=0), count),
+        "dynamic_ms_per_token": (lambda: evaluator.evaluate(stream, verbose=0), count),
     }
+    return model, ids, work
+
+
+def worker(args):
+    from keras_mogrifier import backend as km_backend
+
+    _, _, work = workload(args)
     for function, _ in work.values():  # compiled and warmed up
         function()
     rows = {key: [] for key in KEYS}

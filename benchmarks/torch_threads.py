@@ -33,41 +33,18 @@ KEYS = ("train_ms", "static_ms_per_token", "dynamic_ms_per_token", "generate_ms_
 
 def worker(args):
     import keras
-    import numpy as np
     import torch
 
-    from keras_mogrifier import IWAEDropoutLoss
-    from keras_mogrifier import LanguageModel
-    from keras_mogrifier.data import StreamDataset
-    from keras_mogrifier.evaluation import DynamicEvaluator
+    from thread_policy import workload  # benchmarks/thread_policy.py: the same work
 
     assert keras.backend.backend() == "torch"
     default_threads = torch.get_num_threads()
-    keras.utils.set_random_seed(0)
-    rng = np.random.default_rng(0)
-    ids = (rng.zipf(1.2, size=200_000) % args.vocabulary).astype("int32")
-    model = LanguageModel(
-        args.vocabulary, units=args.units, num_layers=2, batch_size=args.batch,
-        input_dropout=0.3, state_dropout=0.3, output_dropout=0.3, cell=args.cell,
-    )
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=IWAEDropoutLoss())
-    data = StreamDataset(ids, args.batch, args.window)
-    evaluator = DynamicEvaluator(model.with_options(batch_size=4, samples=1), segment_length=5)
-    evaluator.collect_gradient_statistics(ids, batch_size=4, steps=2)
-    stream = ids[-(args.eval_tokens + 1):]
-    tokens = len(stream) - 1
+    model, ids, work = workload(args, tokens=200_000, evaluator_batch=4)
     generator = model.with_options(batch_size=1, samples=1)
     prompt = ids[:10]
     new = args.generate_tokens
-    work = {
-        "train_ms": (lambda: model.fit(data, epochs=1, steps_per_epoch=args.train_steps,
-                                       verbose=0), args.train_steps),
-        "static_ms_per_token": (
-            lambda: evaluator.evaluate(stream, adapt=False, verbose=0), tokens),
-        "dynamic_ms_per_token": (lambda: evaluator.evaluate(stream, verbose=0), tokens),
-        "generate_ms_per_token": (
-            lambda: generator.generate(prompt, len(prompt) + new, stop_token_ids=None), new),
-    }
+    work["generate_ms_per_token"] = (
+        lambda: generator.generate(prompt, len(prompt) + new, stop_token_ids=None), new)
     for fn, _ in work.values():  # warm-up
         fn()
     rows = []
