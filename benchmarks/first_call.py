@@ -77,17 +77,12 @@ def worker(args):
 
 
 def main():
-    import argparse
-    import sys
-
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--other-tokens", type=int, default=OTHER_TOKENS)
-    known, rest = extra.parse_known_args()
-    sys.argv = [sys.argv[0]] + rest
     args = per_backend.parse_arguments(
-        __doc__.splitlines()[0], CELLS, repeats=3, json_name="first_call.json"
+        __doc__.splitlines()[0], CELLS, repeats=3, json_name="first_call.json",
+        more=lambda parser: parser.add_argument(
+            "--other-tokens", type=int, default=OTHER_TOKENS,
+            help="the second text's length (issue 43's: 1,238)"),
     )
-    args.other_tokens = known.other_tokens
     results = per_backend.run(__file__, args, worker)
     print("| cell | backend | statistics, first (s) | static: first / warm / bound (s) | "
           "dynamic: first / warm / bound (s) | other length / warm, per token "

@@ -13,10 +13,10 @@ import os
 import _harness
 
 
-def parse_arguments(description, cells, repeats, json_name):
+def parse_arguments(description, cells, repeats, json_name, more=None):
     """The options these benchmarks share: backends, cells, the model's size,
     the stream, the repeats, the JSON file (under `benchmarks/results/`), the
-    quiet-machine check."""
+    quiet-machine check; `more(parser)` adds a script's own."""
     parser = _harness.argument_parser(
         description, backends=_harness.BACKENDS, quiet=True,
         json_default=os.path.join(_harness.RESULTS, json_name),
@@ -26,6 +26,8 @@ def parse_arguments(description, cells, repeats, json_name):
     parser.add_argument("--vocabulary", type=int, default=10_000)
     parser.add_argument("--tokens", type=int, default=1500)
     parser.add_argument("--repeats", type=int, default=repeats)
+    if more is not None:
+        more(parser)
     return parser.parse_args()
 
 
