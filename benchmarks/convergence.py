@@ -32,7 +32,9 @@ Every finished epoch goes into the row's JSON at once
 (`benchmarks/results/convergence/<row>.json`); every run keeps a
 `TrainingCheckpoint` in `--work-dir` (git-ignored) every epoch end and every
 `--checkpoint-every` steps, and `--resume` continues each run at the step
-it stopped, exactly as the uninterrupted run would have gone. One row per
+it stopped, exactly as the uninterrupted run would have gone. A run whose
+checkpoint is gone (resumed on another machine) trains again from epoch 1;
+the epochs it had recorded stay in its JSON under `earlier_attempts`. One row per
 process: two rows run side by side on two cores.
 
     # a row, in the background, resumable (hours to days on a CPU)
@@ -446,6 +448,17 @@ def train_run(record, name, row, candidate, seed, until, corpus, args):
     os.makedirs(directory, exist_ok=True)
     checkpoint = os.path.join(directory, "checkpoint")
     resume = os.path.exists(os.path.join(checkpoint, "progress.json"))
+    if not resume and entry["epochs"]:
+        # Its checkpoint is gone (another machine; a deleted --work-dir): the
+        # run trains again from epoch 1, and what it had recorded is kept.
+        attempt = {key: entry.pop(key) for key in (
+            "epochs", "best_valid_perplexity", "best_epoch", "converged") if key in entry}
+        attempt["why"] = "no checkpoint to resume from: trained again from epoch 1"
+        attempt["environment"] = list(entry.get("environment", []))
+        entry.setdefault("earlier_attempts", []).append(attempt)
+        entry["epochs"] = []
+        log(f"{row['name']} {name}: its checkpoint is gone; its {len(attempt['epochs'])} "
+            "epochs are kept under earlier_attempts, and it starts again")
     entry.update(
         hyperparameters=dict(candidate), seed=seed,
         weights=os.path.relpath(os.path.join(directory, "best.weights.npz"), REPOSITORY),
@@ -602,6 +615,7 @@ def run_row(record, row, corpus, args):
         RANGES, settings["candidates"], CANDIDATE_SEED, LOG_SCALE
     )
     record.data["candidates"] = candidates
+    record.save()  # a row stopped before its first cut still names its candidates
     names = candidate_names(len(candidates))
     first = min(settings["seeds"])
     rungs = [min(r, settings["max_epochs"]) for r in settings["rungs"]]

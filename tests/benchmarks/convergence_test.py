@@ -132,6 +132,23 @@ def test_a_stopped_row_resumes_where_it_stopped(convergence, stopped_and_resumed
         _run(convergence, tmp, "--resume", "--max-epochs", "4")
 
 
+def test_a_run_whose_checkpoint_is_gone_starts_again_and_keeps_what_it_had(
+        convergence, tmp_path):
+    """A run resumed on a machine without its checkpoint trains again from
+    epoch 1; the epochs it had recorded are kept, not overwritten."""
+    import shutil
+
+    first = _run(convergence, tmp_path, "--stop-after-units", "1")
+    (name, run), = [(n, r) for n, r in first["runs"].items() if r["epochs"]]
+    shutil.rmtree(tmp_path / "work")  # the checkpoint, lost with its machine
+    # Its next rung, as the row's worker process runs it.
+    again = _run(convergence, tmp_path, "--resume", "--run", name, "--until", "2")
+    attempts = again["runs"][name]["earlier_attempts"]
+    assert [a["epochs"] for a in attempts] == [run["epochs"]]
+    assert "trained again" in attempts[0]["why"]
+    assert len(again["runs"][name]["epochs"]) == 2  # from epoch 1 again
+
+
 def test_plateau_keeps_the_validated_weights_and_stops(convergence, tmp_path):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     path = str(tmp_path / "best.npz")
