@@ -195,3 +195,23 @@ def test_importing_the_package_applies_the_policy():
         assert done.stdout.strip().startswith("1 intra-op thread(s)")
     else:
         assert done.stdout.strip()
+
+
+def test_host_padding_keeps_one_capacity_and_cuts_what_it_padded():
+    from keras_mogrifier.backend._shared import HostPadding
+
+    padding = HostPadding()
+    ids = np.arange(12, dtype="int32").reshape(6, 2)
+    length, (padded,) = padding.pad([ids])
+    assert length == 6 and padded.shape == (8, 2) and padding.capacity == 8
+    np.testing.assert_array_equal(padded[:6], ids)
+    np.testing.assert_array_equal(padded[6:], 0)
+    # A shorter call keeps the capacity (one program); a longer one grows it.
+    length, (padded,) = padding.pad([ids[:3]])
+    assert length == 3 and padded.shape == (8, 2)
+    outputs = {"a": np.ones((8, 4)), "b": [np.zeros((8,))]}
+    cut = padding.cut(outputs, 3)
+    assert cut["a"].shape == (3, 4) and cut["b"][0].shape == (3,)
+    length, (padded,) = padding.pad([np.zeros((9, 2), "int32")])
+    assert length == 9 and padded.shape == (16, 2) and padding.capacity == 16
+    assert padding.cut(outputs, 16) is outputs

@@ -73,3 +73,39 @@ def check_dataset_on_host(dataset, check):
         return tf.nest.pack_sequence_as(element, flat)
 
     return dataset.enumerate().map(checked)
+
+
+class HostPadding:
+    """Pads a loop's sequences on the host to one capacity per loop.
+
+    A compiled loop over the leading axis of its sequences runs one
+    program for calls of any length when the sequences it receives all have
+    the same leading size: `pad(sequences)` returns the call's own length
+    and the sequences padded with zeros to the capacity — the next power of
+    two of the longest call so far, never shrinking — and `cut(outputs,
+    length)` drops the padded entries of outputs stacked along the leading
+    axis (on the host, as NumPy arrays, when there are any). Padding on the
+    device would compile an operation for every length. The JAX and
+    TensorFlow backends' loops share it; what runs on the padded entries is
+    each loop's own business (JAX's never computes on them, TensorFlow's
+    reads a mask).
+    """
+
+    def __init__(self):
+        self.capacity = 0
+
+    def pad(self, sequences):
+        length = int(sequences[0].shape[0])
+        self.capacity = max(self.capacity, 1 << max(0, length - 1).bit_length())
+        if length < self.capacity:
+            sequences = [
+                np.concatenate([np.asarray(s), np.zeros(
+                    (self.capacity - length,) + tuple(s.shape[1:]), np.asarray(s).dtype)])
+                for s in sequences
+            ]
+        return length, list(sequences)
+
+    def cut(self, outputs, length):
+        if length >= self.capacity:
+            return outputs
+        return keras.tree.map_structure(lambda o: np.asarray(o)[:length], outputs)

@@ -18,6 +18,7 @@ import jax
 import keras
 import numpy as np
 
+from keras_mogrifier.backend._shared import HostPadding
 from keras_mogrifier.backend._shared import all_finite
 from keras_mogrifier.backend._shared import check_dataset_on_host  # noqa: F401
 from keras_mogrifier.backend._shared import patched
@@ -128,11 +129,6 @@ def model_gradients(model, variables, fn, jit_compile):
     return _stateful(model, traced)
 
 
-def _capacity(length, capacity):
-    """The padded length of a call: the next power of two, never less than before."""
-    return max(capacity, 1 << max(0, length - 1).bit_length())
-
-
 def _loop(model, body):
     """Runs `body(values, carry, constants, slices) -> (new_values, carry, output)`.
 
@@ -187,19 +183,10 @@ def _loop(model, body):
             new_values[i] = value
         return (carry, outputs), new_values
 
-    capacity = [0]
+    padding = HostPadding()
 
     def run(carry, constants, *sequences):
-        length = int(sequences[0].shape[0])
-        capacity[0] = _capacity(length, capacity[0])
-        if length < capacity[0]:
-            # On the host: padding on the device would compile an operation
-            # for every length.
-            sequences = [
-                np.concatenate([np.asarray(s), np.zeros(
-                    (capacity[0] - length,) + tuple(s.shape[1:]), np.asarray(s).dtype)])
-                for s in sequences
-            ]
+        length, sequences = padding.pad(sequences)
         values = [v.value for v in variables]
         (carry, outputs), new_values = traced(
             values, carry, constants, np.int32(length), *sequences
@@ -207,8 +194,7 @@ def _loop(model, body):
         for variable, new in zip(variables, new_values):
             if new is not None:
                 variable.assign(new)
-        if length < capacity[0]:
-            outputs = jax.tree.map(lambda o: np.asarray(o)[:length], outputs)
+        outputs = padding.cut(outputs, length)
         return carry, outputs
 
     return variables, run

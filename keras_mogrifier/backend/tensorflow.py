@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_mogrifier.backend._shared import HostPadding
 from keras_mogrifier.backend._shared import all_finite
 from keras_mogrifier.backend._shared import check_dataset_on_host  # noqa: F401
 from keras_mogrifier.backend._shared import patched
@@ -134,17 +135,10 @@ def _loop(body, jit_compile):
         return carry, tf.nest.pack_sequence_as(first, [a.stack() for a in arrays])
 
     function = tf.function(run, jit_compile=bool(jit_compile), reduce_retracing=True)
-    capacity = [0]
+    padding = HostPadding()
 
     def call(carry, constants, *sequences):
-        length = int(sequences[0].shape[0])
-        capacity[0] = max(capacity[0], 1 << max(0, length - 1).bit_length())
-        if length < capacity[0]:
-            sequences = [
-                np.concatenate([np.asarray(s), np.zeros(
-                    (capacity[0] - length,) + tuple(s.shape[1:]), np.asarray(s).dtype)])
-                for s in sequences
-            ]
+        length, sequences = padding.pad(sequences)
         if function.experimental_get_tracing_count() == 0:
             # The first trace is for any number of iterations (reduce_retracing
             # would relax the leading axis only at the second length seen).
@@ -152,10 +146,9 @@ def _loop(body, jit_compile):
                 _specs(carry, False), _specs(constants, False),
                 tf.TensorSpec((None,), tf.bool), *[_specs(s, True) for s in sequences],
             )
-        active = np.arange(capacity[0]) < length
+        active = np.arange(padding.capacity) < length
         carry, outputs = function(carry, constants, active, *sequences)
-        if length < capacity[0]:
-            outputs = tf.nest.map_structure(lambda o: o.numpy()[:length], outputs)
+        outputs = padding.cut(outputs, length)
         return carry, outputs
 
     return call
