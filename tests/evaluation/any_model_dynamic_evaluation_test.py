@@ -221,8 +221,16 @@ def with_random_state(model):
     return model
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+# Every family with every weight adapted; LoRA on a windowed and a recurrent
+# model (its own path: factors added, then removed); a subset of the weights
+# on one model (the same path as "full" with another list of variables). The
+# 5 other pairs ran the same code (pruned for the suite's time, issue 44).
+CAUSAL_CASES = [(family, "full") for family in sorted(FAMILIES)] + [
+    ("gpt2_causal_lm", "lora"), ("language_model", "lora"), ("keras_lstm", "subset"),
+]
+
+
+@pytest.mark.parametrize("family,mode", CAUSAL_CASES)
 def test_every_token_is_scored_before_it_is_adapted_on(family, mode):
     """Changing the tokens after position t leaves the scores up to t as they are.
 

@@ -6,6 +6,7 @@ from keras_mogrifier.layers import LanguageModelHead
 
 from testing import assert_config_round_trip
 from testing import to_numpy
+from testing import value_and_gradients
 
 V, N, E = 11, 6, 4
 
@@ -43,6 +44,30 @@ def test_tied_head_reads_the_table_of_the_embedding_it_is_given():
     np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
     embedding.embeddings.assign(np.zeros((V, E)))
     np.testing.assert_allclose(to_numpy(head(x)), np.broadcast_to(to_numpy(head.output_bias), logits.shape), atol=1e-6)
+
+
+def test_a_tied_tables_gradient_adds_its_lookup_and_its_logits():
+    """The table's gradient through the lookup and the tied logits at once,
+    against NumPy: one row per looked-up id plus `dᵀ x` from the logits."""
+    embedding = keras.layers.Embedding(V, E)
+    embedding.build((None, None))
+    head = LanguageModelHead(V, E, embedding=embedding)
+    head.build((None, None, E))
+    ids = np.array([[1, 3, 3, 7]])
+    rng = np.random.default_rng(2)
+    weights = rng.normal(size=(1, 4, V)).astype("float32")
+
+    def objective():
+        logits = head(embedding(ids))
+        return keras.ops.sum(keras.ops.multiply(logits, weights))
+
+    value, (grad,) = value_and_gradients(objective, [embedding.embeddings])
+    table, bias = to_numpy(embedding.embeddings), to_numpy(head.output_bias)
+    x = table[ids[0]]
+    np.testing.assert_allclose(value, np.sum((x @ table.T + bias) * weights[0]), rtol=1e-5)
+    expected = weights[0].T @ x  # the logits' part, (V, E)
+    np.add.at(expected, ids[0], weights[0] @ table)  # each lookup's row
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_tied_head_without_its_embedding_is_refused_when_built():
