@@ -135,7 +135,7 @@ print('-'.join(p + m.version(p) for p in ('jaxlib', 'tensorflow')))" 2>/dev/null
     if [ -d "$cache" ] && [ "$(du -sm "$cache" 2>/dev/null | cut -f1)" -gt 2048 ]; then
       rm -rf "$cache"
     fi
-    mkdir -p "$cache/jax" "$cache/tensorflow" 2>/dev/null || cache="$scratch"
+    mkdir -p "$cache" 2>/dev/null || cache="$scratch"
     ;;
   run) cache="$scratch" ;;
   0) ;;

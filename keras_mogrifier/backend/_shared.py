@@ -97,13 +97,13 @@ class HostPadding:
     def pad(self, sequences):
         length = int(sequences[0].shape[0])
         self.capacity = max(self.capacity, 1 << max(0, length - 1).bit_length())
-        if length < self.capacity:
-            sequences = [
-                np.concatenate([np.asarray(s), np.zeros(
-                    (self.capacity - length,) + tuple(s.shape[1:]), np.asarray(s).dtype)])
-                for s in sequences
-            ]
-        return length, list(sequences)
+        if length == self.capacity:
+            return length, list(sequences)
+        arrays = [np.asarray(s) for s in sequences]
+        return length, [
+            np.concatenate([a, np.zeros((self.capacity - length,) + a.shape[1:], a.dtype)])
+            for a in arrays
+        ]
 
     def cut(self, outputs, length):
         if length >= self.capacity:
