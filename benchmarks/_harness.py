@@ -184,6 +184,11 @@ def versions():
     return found
 
 
+def log(*parts):
+    """Prints `parts` after the time of day (`HH:MM:SS`), flushed: a long run's log line."""
+    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+
+
 # === The quiet-machine check ===
 
 

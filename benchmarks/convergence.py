@@ -48,13 +48,10 @@ Without `--data-dir` the package's embedded synthetic corpus is used (a
 smoke run; its perplexities mean nothing for Penn Treebank).
 """
 
-import argparse
 import hashlib
 import json
 import math
 import os
-import platform
-import shlex
 import subprocess
 import sys
 import time
@@ -243,31 +240,22 @@ def data_hash(data_dir):
 
 def environment():
     """Where a unit ran: commit, versions, device."""
-    versions = {"python": platform.python_version(), "keras": keras.__version__,
-                "numpy": np.__version__}
+    versions = _harness.versions()
+    devices = versions.pop("devices", None)
     backend = keras.backend.backend()
-    try:
-        if backend == "jax":
-            import jax
-            versions["jax"] = jax.__version__
-            device = str(jax.devices()[0])
-        elif backend == "tensorflow":
-            import tensorflow as tf
-            versions["tensorflow"] = tf.__version__
-            device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
-        else:
-            import torch
-            versions["torch"] = torch.__version__
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-    except Exception as error:  # a record, not a requirement
-        device = f"unknown ({error})"
+    if devices:
+        device = devices[0]
+    else:  # TensorFlow: `_harness.versions` lists no devices
+        import tensorflow as tf
+        device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    found = _harness.machine()
     return {
         "commit": paper_tables.commit(),
         "backend": backend,
         "versions": versions,
         "device": device,
-        "host": platform.node(),
-        "cpu_count": os.cpu_count(),
+        "host": found["host"],
+        "cpu_count": found["cpus"],
     }
 
 
@@ -287,8 +275,7 @@ class RowRecord:
         self.trained_epochs = 0
         self._runs = {}
         if (resume or worker) and os.path.exists(path):
-            with open(path) as f:
-                self.data = json.load(f)
+            self.data = _harness.read_json(path)
             recorded = self.data["settings"]
             current = json.loads(json.dumps(settings))
             # Settings of a stage after training, added to the study later:
@@ -321,11 +308,7 @@ class RowRecord:
     def run(self, name):
         if name not in self._runs:
             path = self._run_path(name)
-            if os.path.exists(path):
-                with open(path) as f:
-                    self._runs[name] = json.load(f)
-            else:
-                self._runs[name] = {"epochs": []}
+            self._runs[name] = _harness.read_json(path, default={"epochs": []})
         return self._runs[name]
 
     def reload_runs(self):
@@ -342,15 +325,14 @@ class RowRecord:
 
 def load_row(path):
     """A row's JSON with its runs under `runs` (for tables and tests)."""
-    with open(path) as f:
-        data = json.load(f)
+    data = _harness.read_json(path)
     runs = dict(data.get("runs", {}))
     directory = path[: -len(".json")]
     if os.path.isdir(directory):
         for name in sorted(os.listdir(directory)):
             if name.endswith(".json"):
-                with open(os.path.join(directory, name)) as f:
-                    runs[name[: -len(".json")]] = json.load(f)
+                runs[name[: -len(".json")]] = _harness.read_json(
+                    os.path.join(directory, name))
     data["runs"] = runs
     return data
 
@@ -868,8 +850,7 @@ def table(output):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", default=None)
+    parser = _harness.argument_parser(__doc__, json_flag=False, data_dir="optional")
     parser.add_argument("--row", default=None, help=f"one of {list(ROWS)}")
     parser.add_argument("--output", default=DEFAULT_OUTPUT)
     parser.add_argument("--work-dir", default=DEFAULT_WORK_DIR)
@@ -917,10 +898,7 @@ def main(argv=None):
     )
     settings = study_settings(args)
     path = os.path.join(args.output, f"{row['name']}.json")
-    args.command = "KERAS_BACKEND=" + keras.backend.backend() + " python " + " ".join(
-        shlex.quote(a) for a in [os.path.relpath(__file__, REPOSITORY)]
-        + list(sys.argv[1:] if argv is None else argv)
-    )
+    args.command = _harness.command_line(__file__, argv, backend=keras.backend.backend())
     record = RowRecord(path, settings, args.resume, worker=args.run is not None)
     if "units" not in record.data:
         units, params = paper_tables.units_for_budget(

@@ -88,8 +88,7 @@ GPT2 = dict(num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=512,
             max_sequence_length=128, dropout=0.1)
 
 
-def log(message):
-    print(time.strftime("%H:%M:%S"), message, flush=True)
+log = _harness.log
 
 
 def parse(argv):

@@ -291,8 +291,7 @@ def commit():
     return head + ("-dirty" if dirty else "")
 
 
-def log(*parts):
-    print(time.strftime("%H:%M:%S"), *parts, flush=True)
+log = _harness.log
 
 
 # === Tuning ===

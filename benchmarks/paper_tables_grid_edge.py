@@ -72,7 +72,7 @@ def main():
             learning_rates=tuple(args.learning_rates), decay_rates=tuple(args.decay_rates),
             epsilon=None, tuning_tokens=settings["tuning_tokens"],
             statistics_batches=settings["statistics_batches"],
-            log=lambda line: print(time.strftime("%H:%M:%S"), line, flush=True),
+            log=_harness.log,
         )
         output["seeds"].append({
             "seed": recorded["seed"],

@@ -151,6 +151,12 @@ def test_command_line_quotes_and_names_the_backend(harness):
 # === The JSON file ===
 
 
+def test_log_prints_the_time_of_day_then_the_parts(harness, capsys, monkeypatch):
+    monkeypatch.setattr(harness.time, "strftime", lambda pattern: f"<{pattern}>")
+    harness.log("epoch", 3, "valid 84.3")
+    assert capsys.readouterr().out == "<%H:%M:%S> epoch 3 valid 84.3\n"
+
+
 def test_write_json_replaces_the_file_whole(harness, tmp_path):
     path = tmp_path / "new" / "out.json"  # a missing folder is made
     harness.write_json(str(path), {"a": [1, 2]})
