@@ -284,9 +284,11 @@ def check_batch_size(model, batch_size, subject):
 
 
 # The output shape of a model for an input shape, found once: a symbolic
-# call traces the whole model (on TensorFlow about 40 ms for a 2 × 256
-# RLSTM, a sixth of scoring 1,500 tokens), and every `evaluate` checks.
-# Keyed by the model, kept no longer than it; `None`: no symbolic call.
+# call traces the whole model (on TensorFlow about 60 ms for a 2 × 256
+# RLSTM, as long as scoring 1,500 tokens), and every `evaluate` checks.
+# Keyed by the model, kept no longer than it (a Keras model's weights keep
+# their shapes once built: layers cannot be added, variables not reshaped);
+# `None`: no symbolic call.
 _OUTPUT_SHAPES = weakref.WeakKeyDictionary()
 
 

@@ -468,7 +468,7 @@ class CountedNarrowLogits(NarrowLogits):
 
 def test_the_output_check_traces_a_model_once_and_still_refuses_every_call():
     """The symbolic call behind the output check traces the whole model
-    (TensorFlow: ~40 ms for a 2 × 256 RLSTM, a sixth of scoring 1,500
+    (TensorFlow: ~60 ms for a 2 × 256 RLSTM, as long as scoring 1,500
     tokens): it runs once per model and input shape, and its answer still
     refuses every call."""
     model = CountedNarrowLogits()
