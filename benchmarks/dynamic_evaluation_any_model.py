@@ -19,7 +19,7 @@ each other on a busy machine counts too (a first pass of this benchmark,
 | `eval:<model>:static` | test perplexity, no adaptation (GPT-2: sliding windows of 128 tokens, segments of `n`) |
 | `eval:<model>:full` | every trainable variable adapted (eq. 8, Krause's RMS rule) |
 | `eval:<model>:lora` | rank-4 LoRA factors on every Dense / EinsumDense / Embedding |
-| `eval:<model>:bitfit` | the biases and normalisation parameters only (a sparse subset) |
+| `eval:<model>:bitfit` | every bias (every variable whose name ends in `bias`: the recurrent models' `output_bias` too) and normalisation parameter only (a sparse subset) |
 | `eval:<model>:full_sentences` | `full`'s tuned setting with `reset="document"` at every `<eos>`: PTB has no document boundaries, so each sentence is a document — what persisting across the stream is worth |
 
 Each adapting mode is tuned on the first `--tune-tokens` of the validation
@@ -316,8 +316,13 @@ def evaluator_for(model, name, mode, args, **settings):
     if mode == "lora":
         options["lora_rank"] = 4
     elif mode == "bitfit":
+        # Every bias (a name ending in "bias": keras-hub's `bias`, the
+        # LanguageModel's `output_bias` and Mogrifier `round_k_bias` too) and
+        # every normalisation scale and offset. Until 2026-11-29 12:40 UTC
+        # only names equal to "bias": the recurrent models' output and
+        # Mogrifier biases were left out (GPT-2's set is the same either way).
         options["variables"] = lambda v: v.trainable and (
-            v.name in ("bias", "gamma", "beta") or v.path.endswith(("/bias", "/gamma", "/beta")))
+            v.name.endswith("bias") or v.name in ("gamma", "beta"))
     return DynamicEvaluator(model, **options)
 
 
