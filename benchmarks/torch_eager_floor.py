@@ -35,10 +35,9 @@ CELLS = {
 }
 
 
-def bare_scorer(model):
-    """Static scoring of a stream by a bare PyTorch loop over `model`'s weights."""
-    import torch
-
+def bare_parts(model):
+    """`model`'s weights for a bare PyTorch loop: `(table, output_table, bias, layers)`,
+    each layer `(cell, weights, hoisted, step)` with the package's fused step."""
     from keras_mogrifier.backend import torch as torch_backend
 
     backbone, head = model.backbone, model.head
@@ -55,29 +54,46 @@ def bare_scorer(model):
         step = torch_backend.recurrent_step(cell, weights, False, hoisted)
         assert step is not None, "the cell has no fused PyTorch step"
         layers.append((cell, weights, hoisted, step))
+    return table, output_table, bias, layers
+
+
+def run_layers(layers, x, states):
+    """The residual backbone over embedded tokens `x` `(time, units)`, batch 1:
+    every layer's fused step per token, `states` (one `[h, c]` per layer)
+    carried in place; returns the head's input, Σ of the layers' outputs."""
+    import torch
+
+    layer_outputs = []
+    for k, (cell, weights, hoisted, step) in enumerate(layers):
+        if hoisted:
+            x = cell.project_input(weights, x)
+        outputs = []
+        state = states[k]
+        for x_t in torch.unbind(x[:, None, :], 0):
+            h, state = step(x_t, state)
+            outputs.append(h)
+        states[k] = state
+        layer_outputs.append(torch.cat(outputs))
+        # The residual backbone: layer l reads Σ_{i<l} hⁱ.
+        x = layer_outputs[0]
+        for more in layer_outputs[1:]:
+            x = x + more
+    return x
+
+
+def bare_scorer(model):
+    """Static scoring of a stream by a bare PyTorch loop over `model`'s weights."""
+    import torch
+
+    table, output_table, bias, layers = bare_parts(model)
 
     def score(ids, targets, window):
         losses = []
-        units = backbone.units
+        units = model.backbone.units
         states = [[torch.zeros(1, units), torch.zeros(1, units)] for _ in layers]
         with torch.no_grad():
             for start in range(0, len(ids), window):
-                x = table[ids[start:start + window]]
-                layer_outputs = []
-                for k, (cell, weights, hoisted, step) in enumerate(layers):
-                    if hoisted:
-                        x = cell.project_input(weights, x)
-                    outputs = []
-                    state = states[k]
-                    for x_t in torch.unbind(x[:, None, :], 0):
-                        h, state = step(x_t, state)
-                        outputs.append(h)
-                    states[k] = state
-                    layer_outputs.append(torch.cat(outputs))
-                    # The residual backbone: layer l reads Σ_{i<l} hⁱ.
-                    x = layer_outputs[0]
-                    for more in layer_outputs[1:]:
-                        x = x + more
+                x = run_layers(layers, table[ids[start:start + window]], states)
                 logits = torch.addmm(bias, x, output_table)
                 losses.append(torch.nn.functional.cross_entropy(
                     logits, targets[start:start + window], reduction="none"))
