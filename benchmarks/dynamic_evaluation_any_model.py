@@ -334,7 +334,8 @@ def statistics(evaluator, corpus):
 def tuned(evaluator, corpus, valid, unit, entry, record, longest=None):
     """`(η, λ, n)`: a coordinate search, each axis widened at its grid's ends
     (the segment length up to `longest`, a windowed model's context)."""
-    tried = {}  # (η, λ, n) -> validation perplexity
+    # (η, λ, n) -> validation perplexity; a resumed unit keeps the points it tried.
+    tried = {(a, b, int(m)): p for a, b, m, p in entry.get("tried", [])}
     lengths_with_statistics = [evaluator.segment_length]
 
     def search(points):
@@ -392,6 +393,40 @@ def tuned(evaluator, corpus, valid, unit, entry, record, longest=None):
     return eta, decay, n
 
 
+def test_with_fallback(evaluator, corpus, test, unit, entry, record, eta, decay):
+    """The test pass at the tuned `(η, λ, n)`; if it diverges, the rule stated
+    in docs/dynamic-evaluation-any-model.md: record the divergence, then take
+    the best validation point with a smaller η, until one finishes.
+
+    Returns `(result, wall seconds, CPU seconds)` of the pass that finished.
+    """
+    n = evaluator.segment_length
+    while True:
+        evaluator.learning_rate, evaluator.decay_rate = eta, decay
+        try:
+            return timed(lambda: evaluator.evaluate(test, verbose=0))
+        except km.DivergenceError as error:
+            entry.setdefault("diverged_on_test", []).append({
+                "learning_rate": eta, "decay_rate": decay, "segment_length": n,
+                "token": error.token, "tokens_scored": error.tokens_scored,
+                "loss": error.loss})
+            record.save(unit, entry)
+            log(f"{unit}: test diverged at token {error.token} with eta {eta:g}, "
+                f"lambda {decay:g}, n {n}")
+        smaller = [(p, (a, b, m)) for a, b, m, p in entry["tried"]
+                   if a < eta and math.isfinite(p)]
+        if not smaller:
+            raise ValueError(f"{unit}: every learning rate tried diverged on test")
+        _, (eta, decay, m) = min(smaller)
+        if m != n:
+            evaluator.segment_length = n = m
+            statistics(evaluator, corpus)
+        entry.update(learning_rate=eta, decay_rate=decay, segment_length=n,
+                     valid_perplexity=min(smaller)[0],
+                     test_setting="fallback: the best validation point with a smaller "
+                                  "learning rate than the one that diverged on test")
+
+
 def timed(function):
     """`(result, wall seconds, CPU seconds)` of `function()`."""
     start, cpu_start = time.time(), time.process_time()
@@ -407,6 +442,9 @@ def evaluate(record, name, mode, corpus, args, vocabulary_size):
     test = corpus.test if args.test_tokens is None else corpus.test[: args.test_tokens + 1]
     valid = corpus.valid[: args.tune_tokens + 1]
     entry = {"environment": environment()}
+    kept = record.data["units"].get(unit, {})
+    if "tried" in kept:  # an unfinished search: resume it, not redo it
+        entry["tried"] = kept["tried"]
     if mode == "static":
         evaluator = evaluator_for(model, name, "full", args)
         entry["segment_length"] = evaluator.segment_length
@@ -434,8 +472,8 @@ def evaluate(record, name, mode, corpus, args, vocabulary_size):
             valid, adapt=False, verbose=0)["perplexity"]
         eta, decay, _ = tuned(evaluator, corpus, valid, unit, entry, record,
                               longest=GPT2["max_sequence_length"] if name == "gpt2" else None)
-        evaluator.learning_rate, evaluator.decay_rate = eta, decay
-        result, seconds, cpu_seconds = timed(lambda: evaluator.evaluate(test, verbose=0))
+        result, seconds, cpu_seconds = test_with_fallback(
+            evaluator, corpus, test, unit, entry, record, eta, decay)
         # The same windows without adaptation: the gain, like for like.
         static, static_seconds, static_cpu = timed(
             lambda: evaluator.evaluate(test, adapt=False, verbose=0))
