@@ -215,3 +215,51 @@ def test_host_padding_keeps_one_capacity_and_cuts_what_it_padded():
     length, (padded,) = padding.pad([np.zeros((9, 2), "int32")])
     assert length == 9 and padded.shape == (16, 2) and padding.capacity == 16
     assert padding.cut(outputs, 16) is outputs
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])
+def test_tied_logits_are_features_times_the_table_transposed(rows):
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(1, rows, 8)).astype("float32")
+    table = rng.normal(size=(30, 8)).astype("float32")
+    logits = keras.ops.convert_to_numpy(backend.tied_logits(features, table))
+    assert logits.shape == (1, rows, 30)
+    np.testing.assert_allclose(logits, features @ table.T, rtol=1e-5, atol=1e-5)
+    if keras.backend.backend() == "torch":  # the order taken under a gradient
+        import torch
+
+        weights = torch.nn.Parameter(torch.from_numpy(table))
+        with torch.enable_grad():
+            logits = backend.tied_logits(torch.from_numpy(features), weights)
+        np.testing.assert_allclose(
+            logits.detach().numpy(), features @ table.T, rtol=1e-5, atol=1e-5)
+
+
+def test_pytorch_adds_a_tied_tables_two_gradients_in_place():
+    """The output product's gradient of a tied table is a tensor of its own
+    (not a transposed view), so autograd adds the lookup's into it rather
+    than writing a third table-sized tensor (docs/results/evaluation-speed.md)."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("PyTorch's autograd")
+    import torch
+    from torch.profiler import profile
+
+    table = torch.nn.Parameter(torch.randn(50, 8))
+    ids = torch.tensor([[3, 7, 7, 1, 49]])
+
+    def gradient():
+        features = torch.tanh(torch.nn.functional.embedding(ids, table))
+        logits = backend.tied_logits(features, table)
+        return torch.autograd.grad(torch.logsumexp(logits, -1).sum(), [table])[0]
+
+    with profile(record_shapes=True) as run:
+        got = gradient()
+    sums = [(e.key, e.input_shapes) for e in run.key_averages(group_by_input_shape=True)
+            if e.key in ("aten::add", "aten::add_") and e.input_shapes[:2] == [[50, 8], [50, 8]]]
+    assert sums == [("aten::add_", [[50, 8], [50, 8], []])]
+    with torch.no_grad():
+        reference = table.detach().clone().requires_grad_(True)
+    features = torch.tanh(reference[ids])
+    expected = torch.autograd.grad(
+        torch.logsumexp(features @ reference.t(), -1).sum(), [reference])[0]
+    torch.testing.assert_close(got, expected)

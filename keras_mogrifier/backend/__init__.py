@@ -83,8 +83,9 @@ Each backend module implements the same functions:
   TensorFlow's on every backend).
 
 A module may also offer leaner versions of two Keras functions, used when
-present (`sparse_crossentropy` and `rnn` below), and a leaner time step
-for the package's cells (`recurrent_step` below): PyTorch's does.
+present (`sparse_crossentropy` and `rnn` below), a leaner time step
+for the package's cells (`recurrent_step` below) and a leaner tied output
+product (`tied_logits` below): PyTorch's does.
 
 `get_backend_module()` returns the module of the active backend; importing
 this package imports no backend library.
@@ -237,6 +238,22 @@ def sparse_crossentropy(ids, logits):
     if own is not None:
         return own(ids, logits)
     return keras.ops.sparse_categorical_crossentropy(ids, logits, from_logits=True)
+
+
+def tied_logits(features, table):
+    """`features · tableᵀ`: the logits of an output layer tied to `table`.
+
+    `features` `(..., width)`, `table` `(vocabulary, width)` of the same
+    dtype; returns `(..., vocabulary)`. `keras.ops.matmul(features,
+    keras.ops.transpose(table))`, unless the backend module has its own for
+    the shape (PyTorch's, for a few rows: see `backend/torch.py`).
+    """
+    own = _own("tied_logits")
+    if own is not None:
+        logits = own(features, table)
+        if logits is not None:
+            return logits
+    return keras.ops.matmul(features, keras.ops.transpose(table))
 
 
 def rnn(step_function, inputs, initial_states, **kwargs):

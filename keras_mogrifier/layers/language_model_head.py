@@ -2,6 +2,7 @@ import keras
 from keras import ops
 
 from keras_mogrifier import _validation
+from keras_mogrifier import backend
 from keras_mogrifier._export import register
 from keras_mogrifier.layers.dual_output import DualOutput
 from keras_mogrifier.layers.mixture_of_softmaxes import MixtureOfSoftmaxes
@@ -313,7 +314,7 @@ class LanguageModelHead(keras.layers.Layer):
             logits = self.output_layer(features)
         else:
             table = ops.cast(self.embedding.embeddings, features.dtype)
-            logits = ops.matmul(features, ops.transpose(table))
+            logits = backend.tied_logits(features, table)
             logits = logits + ops.cast(self.output_bias, features.dtype)
         logits = ops.cast(logits, "float32")
         if not training:
