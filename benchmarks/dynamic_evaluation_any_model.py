@@ -420,12 +420,12 @@ def test_with_fallback(evaluator, corpus, test, unit, entry, record, eta, decay)
                    if a < eta and math.isfinite(p)]
         if not smaller:
             raise ValueError(f"{unit}: every learning rate tried diverged on test")
-        _, (eta, decay, m) = min(smaller)
+        valid_perplexity, (eta, decay, m) = min(smaller)
         if m != n:
             evaluator.segment_length = n = m
             statistics(evaluator, corpus)
         entry.update(learning_rate=eta, decay_rate=decay, segment_length=n,
-                     valid_perplexity=min(smaller)[0],
+                     valid_perplexity=valid_perplexity,
                      test_setting="fallback: the best validation point with a smaller "
                                   "learning rate than the one that diverged on test")
 

@@ -84,12 +84,11 @@ def bare_adaptation(model, evaluator, stream):
             for p in parameters:
                 p.requires_grad_(True)
             with torch.enable_grad():
-                table, output_table, bias, layers = bare_parts(model)
+                table, _, bias, layers = bare_parts(model)
                 states = [[h.detach(), c.detach()] for h, c in states]
                 x = run_layers(layers, table[ids[start:start + n]], states)
                 # The tied product in the order the package's PyTorch path
                 # takes for a few rows (`backend.torch.tied_logits`).
-                del output_table
                 logits = torch.mm(table, x.t()).t() + bias
                 loss = F.cross_entropy(logits, targets[start:start + n], reduction="none")
                 gradients = torch.autograd.grad(loss.mean(), parameters, allow_unused=True)

@@ -136,11 +136,12 @@ def tied_logits(features, table):
     summation for every number of rows, so a text scores bit for bit the
     same alone and in a batch (tests/generation/score_test.py).
     """
+    if not torch.is_grad_enabled():  # scoring: Keras's order (checked first: every call)
+        return None
     features = keras.ops.convert_to_tensor(features)
     table = keras.ops.convert_to_tensor(table)
     rows = math.prod(features.shape[:-1])
-    if (rows > TIED_LOGITS_ROWS or features.dtype != table.dtype
-            or not (torch.is_grad_enabled() and table.requires_grad)):
+    if rows > TIED_LOGITS_ROWS or features.dtype != table.dtype or not table.requires_grad:
         return None
     flat = features.reshape(rows, features.shape[-1])
     return torch.mm(table, flat.t()).t().reshape(*features.shape[:-1], table.shape[0])
