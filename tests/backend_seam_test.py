@@ -263,3 +263,43 @@ def test_pytorch_adds_a_tied_tables_two_gradients_in_place():
     expected = torch.autograd.grad(
         torch.logsumexp(features @ reference.t(), -1).sum(), [reference])[0]
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("bias, temperature", [(True, 0.7), (False, 0.7), (True, None)])
+def test_output_logits_add_the_bias_then_scale_by_the_temperature(bias, temperature):
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(2, 3, 30)).astype("float32")
+    b = rng.normal(size=(30,)).astype("float32") if bias else None
+    expected = (logits + (b if bias else 0.0)) * (1.0 if temperature is None else np.float32(temperature))
+    t = None if temperature is None else keras.Variable(temperature, trainable=False)
+    got = backend.output_logits(keras.ops.convert_to_tensor(logits.copy()), b, t)
+    # Bit for bit: the same two operations in the same order as NumPy's.
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got), expected)
+
+
+def test_output_logits_in_place_only_while_no_gradient_is_taken():
+    """PyTorch writes a scored window's bias and temperature into the logits
+    (no fresh logits-sized tensors); under a gradient it leaves them."""
+    if keras.backend.backend() != "torch":
+        pytest.skip("PyTorch's eager in-place form")
+    import torch
+
+    logits = torch.randn(4, 30)
+    bias, temperature = torch.randn(30), torch.tensor(0.5)
+    expected = (logits + bias) * temperature
+    with torch.no_grad():
+        scored = logits.clone()
+        got = backend.output_logits(scored, bias, temperature)
+    assert got.data_ptr() == scored.data_ptr()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    weights = torch.nn.Parameter(logits.clone())
+    with torch.enable_grad():
+        trained = weights * 1.0
+        got = backend.output_logits(trained, bias, temperature)
+        assert got.data_ptr() != trained.data_ptr()
+        (gradient,) = torch.autograd.grad(got.sum(), [weights])
+    torch.testing.assert_close(gradient, torch.full_like(logits, 0.5))
+
+
+def test_only_pytorch_runs_new_shapes_without_compiling():
+    assert backend.compiles_per_shape() is (keras.backend.backend() != "torch")

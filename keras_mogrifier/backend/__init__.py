@@ -58,6 +58,11 @@ Each backend module implements the same functions:
   state the trainer computed, or their values from before the body where
   it had computed none. (JAX's trainers take the values out of the
   variables while they run; TensorFlow and PyTorch update them in place.)
+- `compiles_per_shape() -> bool`: whether a compiled function called with
+  tensors of a shape it has not seen traces and compiles anew (TensorFlow,
+  JAX) or just runs (PyTorch, eager). Where it compiles, the evaluator pads
+  a text's last call to the shape of the others (one program per model);
+  where it does not, padding would be work for nothing.
 - `is_concrete(x)`: whether `x`, a tensor given to a model call, has a
   value now (eager), rather than being traced.
 - `run_functions_eagerly(enabled)`: whether the functions this seam and
@@ -84,8 +89,9 @@ Each backend module implements the same functions:
 
 A module may also offer leaner versions of two Keras functions, used when
 present (`sparse_crossentropy` and `rnn` below), a leaner time step
-for the package's cells (`recurrent_step` below) and a leaner tied output
-product (`tied_logits` below): PyTorch's does.
+for the package's cells (`recurrent_step` below), a leaner tied output
+product (`tied_logits` below) and output layer's bias and temperature
+(`output_logits` below): PyTorch's does.
 
 `get_backend_module()` returns the module of the active backend; importing
 this package imports no backend library.
@@ -223,7 +229,19 @@ def _own(name):
     return getattr(get_backend_module(), name, None)
 
 
-def sparse_crossentropy(ids, logits):
+def compiles_per_shape():
+    """Whether the active backend compiles a function anew for new shapes.
+
+    `True` on TensorFlow and JAX (a traced function meets a new input shape
+    by tracing and compiling again), `False` on PyTorch, which runs eagerly:
+    there the evaluator scores a text's last window at its own length
+    instead of padding it to the others' (padding exists only so that one
+    compiled program serves every text).
+    """
+    return get_backend_module().compiles_per_shape()
+
+
+def sparse_crossentropy(ids, logits, overwrite_logits=False):
     """`-log_softmax(logits)[ids]`, the cross-entropy of every token.
 
     `ids` int `(...)`, `logits` float `(..., vocab)`; returns a tensor of
@@ -232,11 +250,13 @@ def sparse_crossentropy(ids, logits):
     `cross_entropy` wants the classes on axis 1, so Keras moves a
     `(batch, time, vocab)` tensor to `(batch, vocab, time)` and copies it,
     forward and backward; the module's runs it on a `(tokens, vocab)`
-    matrix instead.
+    matrix instead. With `overwrite_logits=True` the caller gives up
+    `logits` (a tensor of its own, not read afterwards): PyTorch's then
+    writes the log-softmax over them while no gradient is taken (scoring).
     """
     own = _own("sparse_crossentropy")
     if own is not None:
-        return own(ids, logits)
+        return own(ids, logits, overwrite_logits)
     return keras.ops.sparse_categorical_crossentropy(ids, logits, from_logits=True)
 
 
@@ -254,6 +274,29 @@ def tied_logits(features, table):
         if logits is not None:
             return logits
     return keras.ops.matmul(features, keras.ops.transpose(table))
+
+
+def output_logits(logits, bias, temperature):
+    """`float32(logits + bias) · temperature`, an output layer's last steps.
+
+    `logits` `(..., vocabulary)` in the compute dtype, `bias` `(vocabulary,)`
+    or `None`, `temperature` a scalar (variable or tensor) or `None`. The
+    same operations in the same order on every backend; the backend module's
+    own version may write into `logits` (PyTorch's does while no gradient is
+    taken: two fewer fresh `(rows, vocabulary)` tensors per scored window,
+    see `backend/torch.py`), so pass a tensor of your own.
+    """
+    own = _own("output_logits")
+    if own is not None:
+        result = own(logits, bias, temperature)
+        if result is not None:
+            return result
+    if bias is not None:
+        logits = logits + keras.ops.cast(bias, logits.dtype)
+    logits = keras.ops.cast(logits, "float32")
+    if temperature is not None:
+        logits = logits * temperature
+    return logits
 
 
 def rnn(step_function, inputs, initial_states, **kwargs):

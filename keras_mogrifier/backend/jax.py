@@ -39,6 +39,11 @@ def thread_settings():
     }
 
 
+def compiles_per_shape():
+    """`jax.jit` compiles once per input shape."""
+    return True
+
+
 def default_jit_compile(model, many_steps=True):
     del model, many_steps
     return True

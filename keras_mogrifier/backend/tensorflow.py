@@ -36,6 +36,11 @@ def thread_settings():
     }
 
 
+def compiles_per_shape():
+    """`tf.function` traces once per input shape."""
+    return True
+
+
 def default_jit_compile(model, many_steps=True):
     """XLA when every layer allows it, and on CPU only for calls of many steps.
 

@@ -64,6 +64,11 @@ def thread_settings():
     }
 
 
+def compiles_per_shape():
+    """Eager: a new shape is just another call."""
+    return False
+
+
 def default_jit_compile(model, many_steps=True):
     del model, many_steps
     return False
@@ -147,18 +152,49 @@ def tied_logits(features, table):
     return torch.mm(table, flat.t()).t().reshape(*features.shape[:-1], table.shape[0])
 
 
-def sparse_crossentropy(ids, logits):
+def output_logits(logits, bias, temperature):
+    """`float32(logits + bias) · temperature` in place, while no gradient is
+    taken (scoring); `None` (out of place, Keras's operations) otherwise.
+
+    At batch 1 a scored window's logits are the largest tensors of the call
+    (320 × 10k floats, 12.8 MB): each fresh one costs its page faults where
+    glibc returns such blocks to the system between calls, and out of place
+    the bias and the temperature are two more of them. In place the same
+    operations in the same order write the same numbers (checked against
+    the out-of-place ones bit for bit: tests/backend_seam_test.py).
+    """
+    if torch.is_grad_enabled():
+        return None
+    logits = keras.ops.convert_to_tensor(logits)
+    if bias is not None:
+        logits.add_(keras.ops.convert_to_tensor(bias).to(logits.dtype))
+    logits = logits.to(torch.float32)  # itself when already float32
+    if temperature is not None:
+        logits.mul_(keras.ops.convert_to_tensor(temperature))
+    return logits
+
+
+def sparse_crossentropy(ids, logits, overwrite_logits=False):
     """Cross-entropy of every token, on a `(tokens, vocab)` matrix.
 
     `torch.nn.functional.cross_entropy` on `(batch, time, vocab)` logits
     would need the classes on axis 1: Keras moves and copies the tensor,
     forward and backward (a third of a 2 × 256, 10k-word training step).
+
+    With `overwrite_logits`, while no gradient is taken, the log-softmax is
+    written over the logits (`cross_entropy` is `log_softmax` then
+    `nll_loss`: the same two kernels, the same numbers, bit for bit) rather
+    than into a fresh logits-sized tensor.
     """
     logits = keras.ops.convert_to_tensor(logits)
     ids = keras.ops.convert_to_tensor(ids)
-    flat = torch.nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), ids.reshape(-1).long(), reduction="none"
-    )
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_ids = ids.reshape(-1).long()
+    if overwrite_logits and not torch.is_grad_enabled() and logits.is_contiguous():
+        torch._log_softmax(flat_logits, -1, False, out=flat_logits)  # a view: in place
+        flat = torch.nn.functional.nll_loss(flat_logits, flat_ids, reduction="none")
+    else:
+        flat = torch.nn.functional.cross_entropy(flat_logits, flat_ids, reduction="none")
     return flat.reshape(ids.shape)
 
 

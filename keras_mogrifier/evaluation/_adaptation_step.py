@@ -55,8 +55,9 @@ class CompiledSteps:
         if key in self._built:
             return self._built[key]
         if kind == "forward":
+            overwrite = _returns_fresh_logits(model)
             built = backend.model_function(
-                model, lambda x, y: token_losses(model, x, y), jit
+                model, lambda x, y: token_losses(model, x, y, overwrite), jit
             )
         elif kind == "forward_loop":
 
@@ -104,10 +105,26 @@ class CompiledSteps:
         return built
 
 
-def token_losses(model, x, y):
-    """Sparse cross-entropy of every token, float32, dropout off."""
+def token_losses(model, x, y, overwrite_logits=False):
+    """Sparse cross-entropy of every token, float32, dropout off.
+
+    With `overwrite_logits` (for a model whose call returns a tensor of its
+    own: `_returns_fresh_logits`) the backend may write over the logits.
+    """
     logits = ops.cast(model(x, training=False), "float32")
-    return sparse_crossentropy(y, logits)
+    return sparse_crossentropy(y, logits, overwrite_logits=overwrite_logits)
+
+
+def _returns_fresh_logits(model):
+    """Whether `model`'s call returns logits held by nothing else.
+
+    True for the package's `LanguageModel` (its head computes them anew on
+    every call); another model's output might be, or view, a tensor it
+    keeps (a weight broadcast to the batch), which must not be written over.
+    """
+    from keras_mogrifier.models.language_model import LanguageModel
+
+    return isinstance(model, LanguageModel)
 
 
 def update_inputs(variables, statistics, settings):

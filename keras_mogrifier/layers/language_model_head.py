@@ -310,16 +310,15 @@ class LanguageModelHead(keras.layers.Layer):
         return self._output(features, training)
 
     def _output(self, features, training):
+        bias = None
         if self.output_layer is not None:
             logits = self.output_layer(features)
         else:
             table = ops.cast(self.embedding.embeddings, features.dtype)
             logits = backend.tied_logits(features, table)
-            logits = logits + ops.cast(self.output_bias, features.dtype)
-        logits = ops.cast(logits, "float32")
-        if not training:
-            logits = logits * self.temperature_variable
-        return logits
+            bias = self.output_bias
+        temperature = None if training else self.temperature_variable
+        return backend.output_logits(logits, bias, temperature)
 
     def set_temperature(self, temperature):
         """Sets the softmax temperature τ used at inference."""

@@ -90,6 +90,30 @@ def test_windows_score_like_segments_and_like_one_pass(cell, options, monkeypatc
     )
 
 
+def test_a_compiling_backend_pads_the_last_window_and_pytorch_does_not(monkeypatch):
+    """One compiled shape for every window where new shapes compile (JAX,
+    TensorFlow); on PyTorch (eager) the last window is the rest of the
+    text: padding would be work for nothing."""
+    model = model_for("rlstm")
+    stream = np.random.default_rng(5).integers(0, VOCAB, 34)  # 7 segments
+    monkeypatch.setattr(dynamic_evaluator, "SEGMENTS_PER_CALL", 4)
+    monkeypatch.setattr(_stream_scoring, "SEGMENTS_PER_CALL", 4)
+    evaluator = DynamicEvaluator(model, segment_length=5)
+    original, shapes = evaluator._step, []
+
+    def step(kind, *args, **kwargs):
+        built = original(kind, *args, **kwargs)
+        return lambda x, y: shapes.append(tuple(x.shape)) or built(x, y)
+
+    evaluator._step = step
+    result = evaluator.evaluate(stream, adapt=False, verbose=0, return_token_losses=True)
+    last = (1, 15) if keras.backend.backend() == "torch" else (1, 20)
+    assert shapes == [(1, 20), last]
+    np.testing.assert_allclose(
+        result["token_losses"][0], one_pass_losses(model, stream), rtol=1e-5, atol=1e-6
+    )
+
+
 def test_windows_of_several_streams_with_a_padded_group(monkeypatch):
     model = model_for("rlstm", batch=2)
     streams = np.random.default_rng(1).integers(0, VOCAB, (3, 23))  # 2 groups of 2
