@@ -303,3 +303,65 @@ def test_output_logits_in_place_only_while_no_gradient_is_taken():
 
 def test_only_pytorch_runs_new_shapes_without_compiling():
     assert backend.compiles_per_shape() is (keras.backend.backend() != "torch")
+
+
+def test_crossentropy_over_the_logits_is_the_same_and_only_when_given_up():
+    """`overwrite_logits=True`: PyTorch writes the log-softmax over logits the
+    caller gave up (scoring), with the same losses bit for bit; without it,
+    or under a gradient, the logits are left as they were."""
+    rng = np.random.default_rng(2)
+    logits = (3.0 * rng.normal(size=(2, 4, 50))).astype("float32")
+    ids = rng.integers(0, 50, (2, 4)).astype("int32")
+    expected = keras.ops.convert_to_numpy(backend.sparse_crossentropy(ids, logits))
+    shifted = logits - logits.max(-1, keepdims=True)
+    reference = -np.take_along_axis(
+        shifted - np.log(np.exp(shifted).sum(-1, keepdims=True)), ids[..., None], -1)[..., 0]
+    np.testing.assert_allclose(expected, reference, rtol=1e-5, atol=1e-5)
+    given = keras.ops.convert_to_tensor(logits.copy())
+    got = backend.sparse_crossentropy(ids, given, overwrite_logits=True)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got), expected)
+    if keras.backend.backend() != "torch":
+        return
+    import torch
+
+    kept = torch.from_numpy(logits.copy())
+    with torch.no_grad():
+        backend.sparse_crossentropy(ids, kept)
+        assert torch.equal(kept, torch.from_numpy(logits))  # not given up: kept
+        backend.sparse_crossentropy(ids, kept, overwrite_logits=True)
+    np.testing.assert_allclose(  # given up: it holds the log-softmax now
+        kept.numpy(), shifted - np.log(np.exp(shifted).sum(-1, keepdims=True)),
+        rtol=1e-5, atol=1e-5)
+    trained = torch.from_numpy(logits.copy()).requires_grad_(True)
+    with torch.enable_grad():
+        backend.sparse_crossentropy(ids, trained, overwrite_logits=True)
+    assert torch.equal(trained.detach(), torch.from_numpy(logits))
+
+
+def test_scoring_overwrites_only_the_packages_own_models_logits():
+    """A model whose call returns a weight it keeps (here the weight itself)
+    is scored without that weight being written over."""
+    from keras_mogrifier.evaluation import _adaptation_step
+
+    class Unigram(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.vocabulary_size = 7
+            self.table = self.add_weight(shape=(1, 1, 7), initializer="random_normal")
+
+        def call(self, ids, training=False):
+            return self.table  # batch 1, time 1: the weight itself
+
+    model = Unigram()
+    model(np.zeros((1, 1), "int32"))
+    before = keras.ops.convert_to_numpy(model.table).copy()
+    forward = _adaptation_step.CompiledSteps().get(model, "forward", [], False, None)
+    ids = np.array([[3]], "int32")
+    losses = keras.ops.convert_to_numpy(
+        forward(keras.ops.convert_to_tensor(ids), keras.ops.convert_to_tensor(ids)))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model.table), before)
+    shifted = before[0, 0] - before[0, 0].max()
+    np.testing.assert_allclose(
+        losses[0, 0], np.log(np.exp(shifted).sum()) - shifted[3], rtol=1e-5)
+    assert _adaptation_step._returns_fresh_logits(
+        LanguageModel(11, units=4, num_layers=1, batch_size=1))
