@@ -337,7 +337,12 @@ class RecurrentBackbone(keras.layers.Layer):
         nothing to their `call` (no dropout, no autocast, every layer built)
         but its own cost, paid per sublayer per call: on PyTorch, whose
         layers run eagerly, that was about a quarter of a generated token's
-        time (`benchmarks/generation_paths.py`). Where any of the backbone's
+        time (`benchmarks/generation_paths.py`). The recurrent layers go
+        further, straight to their time loop (`inner_loop`): what
+        `keras.layers.RNN.call` adds around it is, at inference from a given
+        state, casts to the dtype the tensors have and the preparation of
+        the cells' dropout masks — drawn from the cell's seed generator at
+        every call and never used at inference. Where any of the backbone's
         layers has a mixed-precision policy, the autocast of `__call__`
         matters, and the full path runs.
         """
@@ -386,8 +391,12 @@ class RecurrentBackbone(keras.layers.Layer):
                     state_observer(initial_state, layer, training)
                 if keep is not None:
                     initial_state = [s * ops.cast(keep, s.dtype) for s in initial_state]
-            run = rnn.call if lean else rnn
-            h, h_last, c_last = run(x, initial_state=initial_state, training=training)
+            if lean:
+                # The recurrent layer's time loop itself (see `_lean`).
+                state = [ops.convert_to_tensor(s, rnn.cell.compute_dtype) for s in initial_state]
+                _, h, (h_last, c_last) = rnn.inner_loop(x, state, None, training=False)
+            else:
+                h, h_last, c_last = rnn(x, initial_state=initial_state, training=training)
             new_states += [h_last, c_last]
             dropout = _identity if lean else self.cell_output_dropout_layers[layer]
             if self.residual:

@@ -245,6 +245,36 @@ def test_a_call_from_a_state_at_inference_skips_the_sublayers_call_machinery(mon
     assert "embedding" in calls and "input_dropout" in calls
 
 
+@pytest.mark.parametrize("cell", ["rlstm", "mogrifier_lstm"])
+def test_a_call_from_a_state_at_inference_draws_no_dropout_mask(cell, monkeypatch):
+    # `keras.layers.RNN.call` prepares the cells' dropout masks at every
+    # call, inference included (a draw that is never used); the lean path
+    # runs the time loop itself, with the full call's numbers.
+    model = LanguageModel(
+        V, units=N, num_layers=2, batch_size=B, cell=cell, state_dropout=0.2,
+        mogrifier_rounds=2 if cell == "mogrifier_lstm" else 0,
+    )
+    model.build((B, None))
+    cell_class = type(model.backbone.recurrent_layers[0].cell)
+    draws = []
+    original = cell_class._create_dropout_mask
+    monkeypatch.setattr(
+        cell_class, "_create_dropout_mask",
+        lambda self, *args: draws.append(self.name) or original(self, *args))
+    ids = _ids(seed=5, time=3)
+    logits, _, cache = model.call_with_cache(ids[:, :2])
+    logits_next, _, _ = model.call_with_cache(ids[:, 2:], cache)
+    assert draws == []
+    model.reset_states()
+    expected = to_numpy(model(ids, training=False))
+    np.testing.assert_allclose(
+        np.concatenate([to_numpy(logits), to_numpy(logits_next)], 1), expected,
+        rtol=1e-5, atol=1e-5,
+    )
+    model.backbone.call_with_state(ids, training=True)  # training draws them
+    assert len(draws) >= 2
+
+
 def _made_under_mixed_precision(make):
     """`make()` under the global `mixed_float16` policy (float32 again after)."""
     keras.config.set_dtype_policy("mixed_float16")
