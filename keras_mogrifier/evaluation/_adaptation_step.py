@@ -119,8 +119,8 @@ def _returns_fresh_logits(model):
     """Whether `model`'s call returns logits held by nothing else.
 
     True for the package's `LanguageModel` (its head computes them anew on
-    every call); another model's output might be, or view, a tensor it
-    keeps (a weight broadcast to the batch), which must not be written over.
+    every call); another model's output might be a tensor it keeps, or a
+    view of one (its own weight, reshaped), which must not be written over.
     """
     from keras_mogrifier.models.language_model import LanguageModel
 
