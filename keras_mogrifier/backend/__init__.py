@@ -299,6 +299,27 @@ def output_logits(logits, bias, temperature):
     return logits
 
 
+def decoding_step(model):
+    """The backend module's own decoding step for `model`, or `None`.
+
+    `generate` reads the known tokens of its prompts and then, at every
+    position, one token per row and picks the next. Where the backend
+    module offers `decoding_step(model)` and it returns a step
+    `(tokens, uniform=None, sampler=None)` — reads `tokens` (int32 host
+    array `(b,)`) into the leading `b` rows of the carried state and, given
+    a sampler, returns the next ids (int32 `(b,)`) picked from the logits
+    with `uniform` (float32 `(b,)`) — that step runs instead of the
+    decoder's compiled calls, with the same numbers (PyTorch's, for the
+    package's own `LanguageModel`: see `keras_mogrifier/backend/torch.py`).
+    On TensorFlow and JAX the decoding step is traced once and compiled, so
+    Keras's operations cost nothing per token: `None`.
+    """
+    own = _own("decoding_step")
+    if own is None:
+        return None
+    return own(model)
+
+
 def rnn(step_function, inputs, initial_states, **kwargs):
     """The time loop of `CellRNN`: Keras's own, or the backend module's.
 

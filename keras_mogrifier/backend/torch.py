@@ -165,12 +165,20 @@ def output_logits(logits, bias, temperature):
     """
     if torch.is_grad_enabled():
         return None
-    logits = keras.ops.convert_to_tensor(logits)
+    return _output_logits_in_place(
+        keras.ops.convert_to_tensor(logits),
+        None if bias is None else keras.ops.convert_to_tensor(bias),
+        None if temperature is None else keras.ops.convert_to_tensor(temperature),
+    )
+
+
+def _output_logits_in_place(logits, bias, temperature):
+    # `output_logits` on tensors.
     if bias is not None:
-        logits.add_(keras.ops.convert_to_tensor(bias).to(logits.dtype))
+        logits.add_(bias.to(logits.dtype))
     logits = logits.to(torch.float32)  # itself when already float32
     if temperature is not None:
-        logits.mul_(keras.ops.convert_to_tensor(temperature))
+        logits.mul_(temperature)
     return logits
 
 
@@ -363,6 +371,127 @@ def recurrent_step(cell, weights, training, projected):
 
         return lstm_step
     return None
+
+
+def decoding_step(model):
+    """A `LanguageModel`'s decoding step in PyTorch's own operations.
+
+    `generate` on PyTorch runs its model eagerly, one token per call; at
+    batch 1 the arithmetic of a token is small and Keras's per-operation
+    overhead (argument conversion, dtype checks, `Layer.__call__`) was most
+    of its time (`benchmarks/torch_generation_floor.py`). For the package's
+    own `LanguageModel` — the recurrent backbone (residual, skip or plain),
+    cells with a fused PyTorch step (`recurrent_step`), a tied or untied
+    output layer without Dual, projection or mixture of softmaxes, full
+    precision, no LoRA or quantisation — this returns
+    `step(tokens, uniform=None, sampler=None)`: reads `tokens` (an int32
+    host array `(b,)`, ids in range) into the leading `b` rows of the
+    carried state, written in place — the embedding lookup, each layer's
+    fused step — and with a `sampler` also runs the output layer, the
+    model's temperature and the sampler on `uniform` (float32 `(b,)`) and
+    returns the next ids (int32 `(b,)`); without one, `None` (a known
+    token: no output layer). The same operations in the same order as
+    `Decoder.step`'s (`call_with_cache` then `sampler(logits, uniform)`),
+    so the same state and ids (tests/generation/decoding_step_test.py).
+    `GreedySampler` runs as PyTorch's own operations too (its
+    `softmax(stable_logits)` then `argmax`); another sampler is called on
+    the logits, its inputs trusted. The weights are read once, when the
+    step is made: make one per generation. Otherwise `None`.
+    """
+    from keras_mogrifier.layers.cell_rnn import CellRNN
+    from keras_mogrifier.layers.language_model_head import LanguageModelHead
+    from keras_mogrifier.layers.mogrified_cell import fold_mogrifier_doubling
+    from keras_mogrifier.models.language_model import LanguageModel
+    from keras_mogrifier.models.recurrent_backbone import RecurrentBackbone
+    from keras_mogrifier.samplers.greedy_sampler import GreedySampler
+    from keras_mogrifier.samplers.sampler import inputs_checked
+
+    backbone = getattr(model, "backbone", None)
+    head = getattr(model, "head", None)
+    if (
+        not isinstance(model, LanguageModel)
+        or type(model).call_with_cache is not LanguageModel.call_with_cache
+        or type(backbone) is not RecurrentBackbone
+        or type(head) is not LanguageModelHead
+        or head.dual_layer is not None
+        or head.projection is not None
+        or head.mixture is not None
+        or not backbone._lean(False)
+        or any(
+            layer.dtype_policy.compute_dtype != layer.dtype_policy.variable_dtype
+            or getattr(layer, "lora_enabled", False)
+            or getattr(layer, "quantization_mode", None)
+            for layer in model._flatten_layers(include_self=True, recursive=True)
+        )
+    ):
+        return None
+    steps = []
+    for rnn in backbone.recurrent_layers:
+        if type(rnn).inner_loop is not CellRNN.inner_loop or rnn.go_backwards:
+            return None
+        # The one-token call's weights (`_prepares_per_sequence(1)`), read
+        # once, the mogrifier's doublings folded (exact: the same numbers);
+        # the input projected inside the step, as the unhoisted loop does:
+        # the same operations as `project_input` (tests).
+        weights = fold_mogrifier_doubling(rnn.cell.step_weights(per_sequence=False))
+        step = recurrent_step(rnn.cell, weights, False, projected=False)
+        if step is None:
+            return None
+        steps.append(step)
+    states = [keras.ops.convert_to_tensor(v) for v in model.recurrent_state_variables]
+    table = keras.ops.convert_to_tensor(backbone.embedding.embeddings)
+    output_layer = head.output_layer
+    if output_layer is None:
+        output_table = keras.ops.convert_to_tensor(head.embedding.embeddings).t()
+    # `LanguageModelHead._output`: the untied layer adds its own bias.
+    bias = None if output_layer is not None else head.output_bias
+    if bias is not None:
+        bias = keras.ops.convert_to_tensor(bias)
+    temperature = keras.ops.convert_to_tensor(head.temperature_variable)
+    residual, skip = backbone.residual, backbone.skip_connections
+    last = len(steps) - 1
+
+    def decoding_step(tokens, uniform=None, sampler=None):
+        rows = tokens.shape[0]
+        with torch.no_grad():
+            ids = torch.from_numpy(tokens).to(table.device, torch.int64)
+            x = torch.nn.functional.embedding(ids, table)
+            outputs = []
+            for k, step in enumerate(steps):
+                h_state, c_state = states[2 * k][:rows], states[2 * k + 1][:rows]
+                h, (_, c) = step(x, [h_state, c_state])
+                h_state.copy_(h)
+                c_state.copy_(c)
+                outputs.append(h)
+                if sampler is None and k == last:
+                    return None  # a known token: the state is all it changes
+                if residual:
+                    x = outputs[0]
+                    for more in outputs[1:]:
+                        x = x + more
+                else:
+                    x = h
+            if not residual and skip:
+                x = outputs[0]
+                for more in outputs[1:]:
+                    x = x + more
+            if output_layer is None:
+                logits = torch.matmul(x, output_table)
+            else:
+                logits = output_layer.call(x)
+            logits = _output_logits_in_place(logits, bias, temperature)
+            if type(sampler) is GreedySampler:
+                # `GreedySampler`: argmax of softmax(stable_logits(logits, T)).
+                logits.sub_(torch.amax(logits, dim=-1, keepdim=True))
+                if sampler.temperature != 1.0:  # x / 1 is x
+                    logits.div_(sampler.temperature)
+                next_tokens = torch.argmax(torch.softmax(logits, dim=-1), dim=-1)
+            else:
+                with inputs_checked():
+                    next_tokens = sampler(logits, torch.from_numpy(uniform).to(logits.device))
+        return next_tokens.to(torch.int32).cpu().numpy()
+
+    return decoding_step
 
 
 def _stacked(outputs):

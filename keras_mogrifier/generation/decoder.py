@@ -7,6 +7,7 @@ import numpy as np
 from keras import ops
 
 from keras_mogrifier import _validation
+from keras_mogrifier import backend as backend_seam
 from keras_mogrifier.backend import get_backend_module
 from keras_mogrifier.samplers.beam_sampler import BeamSampler
 from keras_mogrifier.samplers.greedy_sampler import GreedySampler
@@ -82,6 +83,15 @@ class Decoder:
         self.jit_compile = bool(jit_compile)
         self._backend = backend
         self._read = backend.model_function(model, self._read_fn, self.jit_compile)
+        # A known token changes only the state: the package's own
+        # `call_with_cache` computes the state with its backbone alone.
+        from keras_mogrifier.models.language_model import LanguageModel
+
+        self._reads_backbone = (
+            isinstance(model, LanguageModel)
+            and type(model).call_with_cache is LanguageModel.call_with_cache
+        )
+        self._advance = backend.model_function(model, self._advance_fn, self.jit_compile)
         self._steps = {}
 
     @property
@@ -138,6 +148,13 @@ class Decoder:
             )
         tokens = self._ids("tokens", tokens, 1)
         uniform = _uniforms(uniform, tokens.shape[0])
+        return self._guarded(
+            self._compiled_step(sampler),
+            _int_tensor(tokens),
+            ops.convert_to_tensor(uniform, "float32"),
+        )
+
+    def _compiled_step(self, sampler):
         key = ("step",) + _sampler_key(sampler)
         step = self._steps.get(key)
         if step is None:
@@ -145,9 +162,55 @@ class Decoder:
                 self.model, self._step_fn(sampler), self.jit_compile
             )
             self._steps[key] = step
-        return self._guarded(
-            step, _int_tensor(tokens), ops.convert_to_tensor(uniform, "float32")
-        )
+        return step
+
+    def generation_steps(self, sampler):
+        """`read_known` and `step` for a loop that checked its own inputs.
+
+        `generate`'s loop: its ids are its prompts' (checked) and the
+        sampler's own, its uniforms its generator's. Returns `(read,
+        step)`. `read(tokens, length)` reads `tokens[:, :length]` (int32
+        host array `(b, t)`) into the carried state and returns how many it
+        read: all of them, or — where the model is compiled, as
+        `read_known` — whole windows, the rest left to `step`. `step(tokens,
+        uniform) -> next_tokens` (int32 `(b,)` ids, float32 `(b,)` uniforms
+        in `[0, 1)`; int32 `(b,)` out, on the host) advances the carried
+        state as `step` does and returns the ids `step` returns — without
+        the log-probabilities, without checking its inputs again, and
+        without the saved copy of the state that `step` restores on an
+        error: run both inside `fresh_state()`, which restores the carried
+        state however the loop ends. Where the backend has a decoding step
+        of its own for the model (`keras_mogrifier.backend.decoding_step`:
+        PyTorch's, which runs eagerly), it runs both, token by token, a
+        known token without the output layer; it reads the weights once,
+        so ask for the steps once per generation.
+
+        Args:
+            sampler: a `Sampler` that picks one token per row (not a
+                `BeamSampler`).
+        """
+        if not isinstance(sampler, Sampler) or isinstance(sampler, BeamSampler):
+            raise ValueError(
+                "Expected a `keras_mogrifier.samplers.Sampler` that picks one "
+                f"token per row. Received: sampler={sampler!r}"
+            )
+        own = backend_seam.decoding_step(self.model)
+        if own is not None:
+
+            def read_each(tokens, length):
+                for position in range(length):
+                    own(np.ascontiguousarray(tokens[:, position]))
+                return length
+
+            return read_each, lambda tokens, uniform: own(tokens, uniform, sampler)
+        compiled = self._compiled_step(sampler)
+
+        def compiled_step(tokens, uniform):
+            with _validation.ids_checked():
+                sampled, _ = compiled(_int_tensor(tokens), ops.convert_to_tensor(uniform))
+            return np.asarray(ops.convert_to_numpy(sampled))
+
+        return self.read_known, compiled_step
 
     def beam_step(self, tokens, scores, generating, forced, finished, pad, sampler):
         """One step of beam search; the state rows follow their beams.
@@ -253,18 +316,33 @@ class Decoder:
         """Reads `tokens[:, :length]` in windows; returns how many were read.
 
         Whole windows of `WINDOWS` lengths only: the rest (fewer than the
-        shortest window) is left for `step`. The log-probabilities are not
-        kept.
+        shortest window) is left for `step`. Only the carried state
+        changes: no log-probabilities are computed (the package's
+        `LanguageModel` runs its backbone alone), the state is the one
+        `read` leaves.
         """
         position = 0
         for window in WINDOWS:
             while length - position >= window:
-                self.read(
-                    tokens[:, position : position + window],
-                    tokens[:, position + 1 : position + window + 1],
-                )
+                inputs = self._ids("tokens", tokens[:, position : position + window], 2)
+                self._guarded(self._advance, _int_tensor(inputs))
                 position += window
         return position
+
+    def _advance_fn(self, inputs):
+        # What `_read_fn` does to the carried state, without the logits of
+        # every known token (a window's output layer is most of its work).
+        model = self.model
+        variables = model.recurrent_state_variables
+        rows = ops.shape(inputs)[0]
+        cache = [model._read_state(variable, rows) for variable in variables]
+        if self._reads_backbone:
+            _, _, cache = model.backbone.call_with_state(inputs, cache)
+        else:
+            _, _, cache = model.call_with_cache(inputs, cache)
+        for variable, state in zip(variables, cache):
+            model._write_state(variable, state)
+        return ops.zeros((), "int32")
 
     def _read_fn(self, inputs, targets):
         logits = logits_through_cache(self.model, inputs)

@@ -143,14 +143,17 @@ def _decode(decoder, prompts, max_length, sampler, stop, rng):
         tokens[row, : len(prompt)] = prompt
     ends = np.full(rows, max_length)
     finished = np.zeros(rows, bool)
-    # Tokens known in every row are read in windows; from there on, one step
-    # per position: the next prompt token where a row has one, else the
-    # sampled one.
-    position = decoder.read_known(tokens, int(lengths.min()) - 1)
+    # Tokens known in every row are read first (in windows where the model
+    # is compiled); from there on, one step per position: the next prompt
+    # token where a row has one, else the sampled one. The ids are the
+    # prompts' (checked) and the sampler's own, the uniforms `rng`'s:
+    # nothing to check again at every token (see
+    # `Decoder.generation_steps`; `generate` runs inside `fresh_state()`).
+    read, step = decoder.generation_steps(sampler)
+    position = read(tokens, int(lengths.min()) - 1)
     for position in range(position, max_length - 1):
         uniform = rng.random(rows, dtype=np.float32)
-        sampled, _ = decoder.step(tokens[:, position], uniform, sampler)
-        sampled = np.asarray(ops.convert_to_numpy(sampled))
+        sampled = step(tokens[:, position], uniform)
         generating = (position + 1 >= lengths) & ~finished
         tokens[generating, position + 1] = sampled[generating]
         if stop is not None:

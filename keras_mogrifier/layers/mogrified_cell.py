@@ -208,15 +208,9 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
         weights["mogrifier"] = None
         weights["mogrifier_doubled"] = True
         if self.mogrifier is not None:
-            rounds = self.mogrifier.round_weights(dtype)
-            if per_sequence:
-                rounds, x_scale, h_scale = Mogrifier.fold_doubling(rounds)
-                weights["kernel"] = weights["kernel"] * x_scale
-                weights["recurrent_kernel"] = weights["recurrent_kernel"] * h_scale
-                weights["mogrifier_doubled"] = False
-            weights["mogrifier"] = rounds
+            weights["mogrifier"] = self.mogrifier.round_weights(dtype)
         if per_sequence:
-            weights = self.prepare_sequence_weights(weights)
+            weights = self.prepare_sequence_weights(fold_mogrifier_doubling(weights))
         weights["adaptation"] = (
             None
             if self.adaptation_kernel is None
@@ -403,3 +397,25 @@ class MogrifiedCell(keras.layers.Layer, DropoutRNNCell):
             }
         )
         return config
+
+
+def fold_mogrifier_doubling(weights):
+    """`weights` from `step_weights` with the mogrifier's doublings folded.
+
+    `Mogrifier.fold_doubling`: each round's factor 2 moves into the
+    matrices that read the round's output, `kernel` and `recurrent_kernel`
+    included (the only weights that read the mogrified `x` and `h_prev`).
+    Scaling by a power of two is exact, so a step computes the same numbers
+    with one addition less per round. A new dict; `weights` without
+    mogrifier rounds, or already folded, come back as they are.
+    """
+    if weights["mogrifier"] is None or not weights["mogrifier_doubled"]:
+        return weights
+    rounds, x_scale, h_scale = Mogrifier.fold_doubling(weights["mogrifier"])
+    return dict(
+        weights,
+        mogrifier=rounds,
+        mogrifier_doubled=False,
+        kernel=weights["kernel"] * x_scale,
+        recurrent_kernel=weights["recurrent_kernel"] * h_scale,
+    )

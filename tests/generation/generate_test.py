@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from testing import to_numpy
 
+from keras_mogrifier import backend
 from keras_mogrifier.data import Vocabulary
 from keras_mogrifier.generation import Decoder
 from keras_mogrifier.generation import decoder as decoder_lib
@@ -82,24 +83,36 @@ def test_step_log_probabilities_equal_the_full_pass():
     np.testing.assert_allclose(np.stack(steps, 1), full_pass_log_probs(model, text), atol=1e-5)
 
 
-def test_prompt_read_once_then_one_step_per_token(monkeypatch):
+def test_prompt_read_once_then_one_step_per_token():
     model = make_model(batch_size=2)
     calls = []
-    original_read, original_step = Decoder.read, Decoder.step
-    monkeypatch.setattr(
-        Decoder, "read",
-        lambda self, x, y: calls.append(("read", np.shape(x))) or original_read(self, x, y),
-    )
-    monkeypatch.setattr(
-        Decoder, "step",
-        lambda self, t, u, s=None: calls.append(("step", np.shape(t))) or original_step(self, t, u, s),
-    )
+    # The decoder `generate` uses: its window reads (compiled models), its
+    # reads of known tokens and its steps recorded.
+    decoder = decoder_lib.decoder_for(model)
+    advance, generation_steps = decoder._advance, decoder.generation_steps
+
+    def recorded_advance(ids):
+        calls.append(("window", tuple(ids.shape)))
+        return advance(ids)
+
+    def recorded_generation_steps(sampler):
+        read, step = generation_steps(sampler)
+
+        def recorded_read(tokens, length):
+            calls.append(("read", length))
+            return read(tokens, length)
+
+        return recorded_read, lambda t, u: calls.append(("step", np.shape(t))) or step(t, u)
+
+    decoder._advance, decoder.generation_steps = recorded_advance, recorded_generation_steps
     prompts = [[i % V for i in range(23)], [i % V for i in range(21)]]
     model.generate(prompts, max_length=30, stop_token_ids=None)
-    # 20 tokens known in both rows are read in windows (16 + 4); then one
-    # step per position, the last 3 prompt tokens of the longer row forced.
-    assert calls[:2] == [("read", (2, 16)), ("read", (2, 4))]
-    assert calls[2:] == [("step", (2,))] * (30 - 1 - 20)
+    # The 20 tokens known in both rows are read at once: compiled, in
+    # windows (16 + 4); PyTorch's own decoding step reads them one by one
+    # without the output layer. Then one step per position, the last 3
+    # prompt tokens of the longer row forced.
+    windows = [] if backend.decoding_step(model) else [("window", (2, 16)), ("window", (2, 4))]
+    assert calls == [("read", 20)] + windows + [("step", (2,))] * (30 - 1 - 20)
 
 
 def test_top_k_and_top_p_never_leave_their_sets():
