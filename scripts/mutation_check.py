@@ -255,8 +255,8 @@ MUTANTS = (
       T_RLSTM + ("tests/layers/cell_rnn_test.py",)),
     # --- Shared cell machinery (layers/mogrified_cell.py) ---------------------
     M("cell-fold-kernel-wrong-scale", MOGRIFIED_CELL,
-      'weights["kernel"] = weights["kernel"] * x_scale',
-      'weights["kernel"] = weights["kernel"] * h_scale',
+      'kernel=weights["kernel"] * x_scale,',
+      'kernel=weights["kernel"] * h_scale,',
       "per-sequence weights: kernel takes h's folded doublings, not x's", T_CELL_RNN),
     M("cell-state-dropout-not-applied", MOGRIFIED_CELL,
       "h_prev = h_prev * state_mask",
