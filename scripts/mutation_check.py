@@ -155,6 +155,7 @@ PERPLEXITY = PKG + "metrics/perplexity.py"
 BPC = PKG + "metrics/bits_per_character.py"
 TOKEN_METRIC = PKG + "metrics/_token_nll_metric.py"
 CACHE = PKG + "evaluation/neural_cache.py"
+DECODER = PKG + "generation/decoder.py"
 
 T_MOGRIFIER = ("tests/layers/mogrifier_test.py",)
 T_FOLD = ("tests/layers/mogrifier_test.py", "tests/layers/cell_rnn_test.py")
@@ -180,6 +181,7 @@ T_CONTROLLER = ("tests/optimizers/two_tailed_controller_test.py",)
 T_MOS = ("tests/models/mixture_of_softmaxes_test.py",)
 T_METRICS = ("tests/metrics/perplexity_test.py", "tests/metrics/bits_per_character_test.py")
 T_CACHE = ("tests/evaluation/neural_cache_test.py",)
+T_DECODING = ("tests/generation/decoding_step_test.py",)
 RULE_BACKENDS = ("jax", "tensorflow")  # PyTorch runs its fused form instead
 
 M = Mutant
@@ -321,6 +323,32 @@ MUTANTS = (
       "theta.add_(g, alpha=-learning_rate)",
       "theta.add_(g, alpha=learning_rate)",
       "fused sgd steps up the gradient", T_DYNAMIC, ("torch",)),
+    # --- Generation: PyTorch's own decoding step (backend/torch.py), the
+    # decoder's window reads (generation/decoder.py) -------------------------
+    M("torch-decoding-greedy-plain-argmax", TORCH_BACKEND,
+      "next_tokens = torch.argmax(torch.softmax(logits, dim=-1), dim=-1)",
+      "next_tokens = torch.argmax(logits, dim=-1)",
+      "greedy decoding takes the logits' argmax, not GreedySampler's (ties its rounding makes)",
+      T_DECODING, ("torch",)),
+    M("torch-decoding-no-model-temperature", TORCH_BACKEND,
+      "logits = _output_logits_in_place(logits, bias, temperature)",
+      "logits = _output_logits_in_place(logits, bias, None)",
+      "the decoding step leaves out the model's softmax temperature", T_DECODING,
+      ("torch",)),
+    M("torch-decoding-state-not-written", TORCH_BACKEND,
+      "                h_state.copy_(h)",
+      "                pass",
+      "the decoding step does not carry h to the next token", T_DECODING, ("torch",)),
+    M("torch-decoding-read-stops-early", TORCH_BACKEND,
+      "if sampler is None and k == last:",
+      "if sampler is None and k == 0:",
+      "a known token is read into the first layer only", T_DECODING, ("torch",)),
+    M("decoder-window-state-not-written", DECODER,
+      """        for variable, state in zip(variables, cache):
+            model._write_state(variable, state)
+        return ops.zeros((), "int32")""",
+      """        return ops.zeros((), "int32")""",
+      "a window of known tokens leaves the carried state as it was", T_DECODING),
     # --- RMS statistics (evaluation/_adaptation_step.py, _gradient_statistics.py)
     M("rms-sqrt-dropped", ADAPTATION_STEP,
       'raw = [np.sqrt(np.asarray(ops.convert_to_numpy(ms), "float64")) for ms in mean_squares]',
