@@ -344,10 +344,9 @@ MUTANTS = (
       "if sampler is None and k == 0:",
       "a known token is read into the first layer only", T_DECODING, ("torch",)),
     M("decoder-window-state-not-written", DECODER,
-      """        for variable, state in zip(variables, cache):
-            model._write_state(variable, state)
-        return ops.zeros((), "int32")""",
-      """        return ops.zeros((), "int32")""",
+      "_through_cache(model, inputs, model.backbone.call_with_state)",
+      "model.backbone.call_with_state(inputs, [model._read_state(v, ops.shape(inputs)[0]) "
+      "for v in model.recurrent_state_variables])",
       "a window of known tokens leaves the carried state as it was", T_DECODING),
     # --- RMS statistics (evaluation/_adaptation_step.py, _gradient_statistics.py)
     M("rms-sqrt-dropped", ADAPTATION_STEP,

@@ -403,6 +403,7 @@ def decoding_step(model):
     from keras_mogrifier.layers.mogrified_cell import fold_mogrifier_doubling
     from keras_mogrifier.models.language_model import LanguageModel
     from keras_mogrifier.models.recurrent_backbone import RecurrentBackbone
+    from keras_mogrifier.models.recurrent_backbone import _sum
     from keras_mogrifier.samplers.greedy_sampler import GreedySampler
     from keras_mogrifier.samplers.sampler import inputs_checked
 
@@ -465,16 +466,10 @@ def decoding_step(model):
                 outputs.append(h)
                 if sampler is None and k == last:
                     return None  # a known token: the state is all it changes
-                if residual:
-                    x = outputs[0]
-                    for more in outputs[1:]:
-                        x = x + more
-                else:
-                    x = h
+                # The backbone's wiring, its own sum (the same order).
+                x = _sum(outputs) if residual else h
             if not residual and skip:
-                x = outputs[0]
-                for more in outputs[1:]:
-                    x = x + more
+                x = _sum(outputs)
             if output_layer is None:
                 logits = torch.matmul(x, output_table)
             else:

@@ -333,15 +333,10 @@ class Decoder:
         # What `_read_fn` does to the carried state, without the logits of
         # every known token (a window's output layer is most of its work).
         model = self.model
-        variables = model.recurrent_state_variables
-        rows = ops.shape(inputs)[0]
-        cache = [model._read_state(variable, rows) for variable in variables]
         if self._reads_backbone:
-            _, _, cache = model.backbone.call_with_state(inputs, cache)
+            _through_cache(model, inputs, model.backbone.call_with_state)
         else:
-            _, _, cache = model.call_with_cache(inputs, cache)
-        for variable, state in zip(variables, cache):
-            model._write_state(variable, state)
+            _through_cache(model, inputs, model.call_with_cache)
         return ops.zeros((), "int32")
 
     def _read_fn(self, inputs, targets):
@@ -410,13 +405,19 @@ def logits_through_cache(model, ids):
     (`model(ids, training=False)`: dropout off, temperature applied), with
     the recurrent state handed over as keras-hub's samplers hand a cache.
     """
+    return _through_cache(model, ids, model.call_with_cache)
+
+
+def _through_cache(model, ids, call):
+    """`call(ids, cache)`'s first output, the cache being the leading rows
+    of the carried state, written back after it."""
     variables = model.recurrent_state_variables
     rows = ops.shape(ids)[0]
     cache = [model._read_state(variable, rows) for variable in variables]
-    logits, _, cache = model.call_with_cache(ids, cache)
+    output, _, cache = call(ids, cache)
     for variable, state in zip(variables, cache):
         model._write_state(variable, state)
-    return logits
+    return output
 
 
 def decoder_for(model, jit_compile="auto"):
