@@ -182,6 +182,7 @@ T_MOS = ("tests/models/mixture_of_softmaxes_test.py",)
 T_METRICS = ("tests/metrics/perplexity_test.py", "tests/metrics/bits_per_character_test.py")
 T_CACHE = ("tests/evaluation/neural_cache_test.py",)
 T_DECODING = ("tests/generation/decoding_step_test.py",)
+T_HAND_BACKWARD = ("tests/evaluation/adaptation_gradients_test.py",)
 RULE_BACKENDS = ("jax", "tensorflow")  # PyTorch runs its fused form instead
 
 M = Mutant
@@ -343,6 +344,37 @@ MUTANTS = (
       "if sampler is None and k == last:",
       "if sampler is None and k == 0:",
       "a known token is read into the first layer only", T_DECODING, ("torch",)),
+    # --- Dynamic evaluation's hand-written backward (backend/torch.py) -------
+    M("torch-backward-tie-not-split", TORCH_BACKEND,
+      "to_i = (i < one_f).to(i.dtype) + 0.5 * (i == one_f).to(i.dtype)",
+      "to_i = (i < one_f).to(i.dtype)",
+      "the RLSTM's min(i, 1 - f) gives a tie's gradient to 1 - f alone", T_HAND_BACKWARD,
+      ("torch",)),
+    M("torch-backward-no-cell-state-path", TORCH_BACKEND,
+      "        d_c = dc * f[t]",
+      "        d_c = dc * 0.0",
+      "the gradient does not flow back through the cell state", T_HAND_BACKWARD,
+      ("torch",)),
+    M("torch-backward-lookup-rows-dropped", TORCH_BACKEND,
+      "gradient_of[id(table)].index_add_(0, ids, d_embedded)",
+      "gradient_of[id(table)].add_(0.0)",
+      "the tied table's gradient leaves out the embedding lookup's rows", T_HAND_BACKWARD,
+      ("torch",)),
+    M("torch-backward-fused-lookup-rows-dropped", TORCH_BACKEND,
+      "table.index_add_(0, ids, d_embedded, alpha=-update.learning_rate)",
+      "table.add_(0.0)",
+      "the fused table update leaves out the embedding lookup's rows", T_HAND_BACKWARD,
+      ("torch",)),
+    M("torch-backward-temperature-dropped", TORCH_BACKEND,
+      "d_logits.mul_((weights_of * temperature)[:, None])",
+      "d_logits.mul_(weights_of[:, None])",
+      "the logits' gradient leaves out the softmax temperature", T_HAND_BACKWARD,
+      ("torch",)),
+    M("torch-backward-mogrifier-doubling-dropped", TORCH_BACKEND,
+      "            gate = gate + gate\n",
+      "            pass\n",
+      "the mogrifier rounds' factor 2 left out of their gradient", T_HAND_BACKWARD,
+      ("torch",)),
     M("decoder-window-state-not-written", DECODER,
       "_through_cache(model, inputs, model.backbone.call_with_state)",
       "model.backbone.call_with_state(inputs, [model._read_state(v, ops.shape(inputs)[0]) "

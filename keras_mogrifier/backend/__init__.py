@@ -29,7 +29,7 @@ Each backend module implements the same functions:
   previous one assigned (the carried state), and `outputs` stacks the
   iterations' outputs. Many segments of a stream per call.
 - `model_adaptation_loop(model, variables, objective, update,
-  jit_compile, update_rule=None)`: returns `adapt(constants, *sequences)
+  jit_compile, update_rule=None, token_losses_objective=False)`: returns `adapt(constants, *sequences)
   -> outputs`: for every index in order, `objective(*slices) -> (value,
   aux)` and the gradients of `value` with respect to `variables`, then
   `update(values, gradients, *constants) -> new values` assigned to
@@ -37,7 +37,11 @@ Each backend module implements the same functions:
   Dynamic evaluation of many segments per call. `update_rule` names the
   rule `update` is, with `constants = (θ_g, RMS, hyperparameters)`: a
   backend may run its own fused form of it (PyTorch: in place,
-  `in_place_update`; XLA fuses `update` as it is).
+  `in_place_update`; XLA fuses `update` as it is). With
+  `token_losses_objective`, `objective(x, y, v)` is dynamic evaluation's
+  own, `(Σ v ⊙ token_losses(model, x, y), token_losses)`: a backend may
+  take its gradients its own way (PyTorch: by a hand-written backward
+  pass, `adaptation_gradients`).
 - `sync_training_state(model)`: makes the model's variables hold the
   current training state inside `fit` (JAX keeps it outside the variables
   between steps), so that a callback can read or change them; the next

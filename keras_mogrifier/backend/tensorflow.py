@@ -208,9 +208,11 @@ def model_loop(model, fn, jit_compile):
 
 
 def model_adaptation_loop(
-    model, variables, objective, update, jit_compile, update_rule=None
+    model, variables, objective, update, jit_compile, update_rule=None,
+    token_losses_objective=False,
 ):
     del update_rule  # XLA fuses `update` itself
+    del token_losses_objective  # XLA differentiates the compiled loop itself
     del model
     raw = [_raw(v) for v in variables]
     # Memory-bound elementwise work over every adapted weight: one XLA

@@ -281,42 +281,11 @@ def recurrent_step(cell, weights, training, projected):
         return None
     masked = training and cell.recurrent_dropout > 0.0
     doubled = weights["mogrifier_doubled"]
-    kernel = weights["kernel"]
-    recurrent_kernel = weights["recurrent_kernel"]
 
     def mogrify(x, h):
-        # `Mogrifier.mogrify`: round i gates x (odd i) or h (even i).
-        for i, (kernels, bias) in enumerate(rounds, start=1):
-            z = h if i % 2 == 1 else x
-            for matrix in kernels:
-                z = torch.matmul(z, matrix)
-            if bias is not None:
-                z = torch.add(z, bias)
-            if i % 2 == 1:
-                x = torch.sigmoid(z) * x
-                if doubled:
-                    x = x + x
-            else:
-                h = torch.sigmoid(z) * h
-                if doubled:
-                    h = h + h
-        return x, h
+        return _mogrify(rounds, doubled, x, h)
 
     if isinstance(cell, RLSTMCell) and type(cell).step is RLSTMCell.step:
-        units = cell.units
-        input_bias = weights["input_bias"]
-        forget_kernel = weights["forget_kernel"]
-        output_kernel = weights["output_kernel"]
-        output_bias = weights["output_bias"]
-
-        def project(x):
-            # `RLSTMCell.project_input`.
-            z_x = torch.matmul(x, kernel)
-            if z_x.shape[-1] == 2 * units:
-                z_x = torch.nn.functional.pad(z_x, (0, units))
-            if input_bias is not None:
-                z_x = torch.add(z_x, input_bias)
-            return z_x
 
         def rlstm_step(x, states):
             h_prev, c_prev = states[0], states[1]
@@ -329,24 +298,13 @@ def recurrent_step(cell, weights, training, projected):
             else:
                 if rounds is not None:
                     x, h_prev = mogrify(x, h_prev)
-                z_x = project(x)
-            z = torch.add(z_x, torch.matmul(h_prev, recurrent_kernel))
-            z_i, z_j, z_f = torch.chunk(z, 3, dim=-1)
-            i = torch.sigmoid(z_i)
-            j = torch.tanh(z_j)
-            f = torch.sigmoid(torch.add(z_f, torch.matmul(i * j, forget_kernel)))
-            c = f * c_prev + torch.minimum(i, 1.0 - f) * j
-            c_seen = c if state_mask is None else c * state_mask
-            z_o = torch.matmul(c_seen, output_kernel)
-            if output_bias is not None:
-                z_o = torch.add(z_o, output_bias)
-            h = torch.sigmoid(z_o) * torch.tanh(c)
+                z_x = _rlstm_projection(cell.units, weights, x)
+            h, c = _rlstm_gates(weights, z_x, h_prev, c_prev, state_mask)
             return h, [h, c]
 
         return rlstm_step
     if isinstance(cell, MogrifierLSTMCell) and type(cell).step is MogrifierLSTMCell.step:
         capped = cell.capped_input_gate
-        bias = weights["bias"]
 
         def lstm_step(x, states):
             h_prev, c_prev = states[0], states[1]
@@ -357,20 +315,95 @@ def recurrent_step(cell, weights, training, projected):
             else:
                 if rounds is not None:
                     x, h_prev = mogrify(x, h_prev)
-                # `MogrifierLSTMCell.project_input`.
-                z_x = torch.matmul(x, kernel)
-                if bias is not None:
-                    z_x = torch.add(z_x, bias)
-            z = torch.add(z_x, torch.matmul(h_prev, recurrent_kernel))
-            z_i, z_f, z_j, z_o = torch.chunk(z, 4, dim=-1)
-            f = torch.sigmoid(z_f)
-            i = torch.sigmoid(torch.minimum(z_i, -z_f) if capped else z_i)
-            c = f * c_prev + i * torch.tanh(z_j)
-            h = torch.sigmoid(z_o) * torch.tanh(c)
+                z_x = _lstm_projection(weights, x)
+            h, c = _lstm_gates(weights, capped, z_x, h_prev, c_prev)
             return h, [h, c]
 
         return lstm_step
     return None
+
+
+# The fused steps' arithmetic. With a `tape` (a list), each also appends
+# what its hand-written backward pass (`adaptation_gradients`) reads; the
+# operations, and so the numbers, are the same either way.
+
+
+def _mogrify(rounds, doubled, x, h, tape=None):
+    # `Mogrifier.mogrify`: round i gates x (odd i) or h (even i).
+    for i, (kernels, bias) in enumerate(rounds, start=1):
+        z = h if i % 2 == 1 else x
+        inputs = []
+        for matrix in kernels:
+            inputs.append(z)
+            z = torch.matmul(z, matrix)
+        if bias is not None:
+            z = torch.add(z, bias)
+        gate = torch.sigmoid(z)
+        gated = x if i % 2 == 1 else h
+        if tape is not None:
+            tape.append((inputs, gate, gated))
+        gated = gate * gated
+        if doubled:
+            gated = gated + gated
+        if i % 2 == 1:
+            x = gated
+        else:
+            h = gated
+    return x, h
+
+
+def _rlstm_projection(units, weights, x):
+    # `RLSTMCell.project_input`.
+    z_x = torch.matmul(x, weights["kernel"])
+    if z_x.shape[-1] == 2 * units:
+        z_x = torch.nn.functional.pad(z_x, (0, units))
+    if weights["input_bias"] is not None:
+        z_x = torch.add(z_x, weights["input_bias"])
+    return z_x
+
+
+def _rlstm_gates(weights, z_x, h_prev, c_prev, state_mask, tape=None):
+    # `RLSTMCell.step`.
+    z = torch.add(z_x, torch.matmul(h_prev, weights["recurrent_kernel"]))
+    z_i, z_j, z_f = torch.chunk(z, 3, dim=-1)
+    i = torch.sigmoid(z_i)
+    j = torch.tanh(z_j)
+    ij = i * j
+    f = torch.sigmoid(torch.add(z_f, torch.matmul(ij, weights["forget_kernel"])))
+    capped = torch.minimum(i, 1.0 - f)
+    c = f * c_prev + capped * j
+    c_seen = c if state_mask is None else c * state_mask
+    z_o = torch.matmul(c_seen, weights["output_kernel"])
+    if weights["output_bias"] is not None:
+        z_o = torch.add(z_o, weights["output_bias"])
+    o = torch.sigmoid(z_o)
+    tanh_c = torch.tanh(c)
+    if tape is not None:
+        tape.append((h_prev, c_prev, i, j, ij, f, capped, c, o, tanh_c))
+    return o * tanh_c, c
+
+
+def _lstm_projection(weights, x):
+    # `MogrifierLSTMCell.project_input`.
+    z_x = torch.matmul(x, weights["kernel"])
+    if weights["bias"] is not None:
+        z_x = torch.add(z_x, weights["bias"])
+    return z_x
+
+
+def _lstm_gates(weights, capped, z_x, h_prev, c_prev, tape=None):
+    # `MogrifierLSTMCell.step`.
+    z = torch.add(z_x, torch.matmul(h_prev, weights["recurrent_kernel"]))
+    z_i, z_f, z_j, z_o = torch.chunk(z, 4, dim=-1)
+    f = torch.sigmoid(z_f)
+    i = torch.sigmoid(torch.minimum(z_i, -z_f) if capped else z_i)
+    tanh_j = torch.tanh(z_j)
+    c = f * c_prev + i * tanh_j
+    o = torch.sigmoid(z_o)
+    tanh_c = torch.tanh(c)
+    if tape is not None:
+        tape.append((h_prev, c_prev, z_i, z_f, f, i, tanh_j, c, o, tanh_c))
+    return o * tanh_c, c
 
 
 def decoding_step(model):
@@ -489,6 +522,555 @@ def decoding_step(model):
     return decoding_step
 
 
+def adaptation_gradients(model, variables):
+    """Dynamic evaluation's gradients by a hand-written backward pass.
+
+    Autograd records every small operation of the recurrent loop (about 30
+    per layer and token) and, in its backward pass, takes each weight's
+    gradient once per token, as a product of one row by one row, summed
+    into the weight's gradient step after step: on a 2-core CPU at batch 1
+    that was most of a segment's time (`benchmarks/dynamic_floor.py`).
+    For the package's own `LanguageModel` — `decoding_step`'s models,
+    with the output layer tied to the embedding, the state carried
+    (`stateful`), and `variables` among the embedding, the output bias and
+    the cells' weights — this returns `gradients_of(x, y, v) -> (losses,
+    gradients)`: what `model_gradients(model, variables, objective)` returns
+    for dynamic evaluation's objective `Σ v ⊙ token_losses(model, x, y)`,
+    the carried state advanced the same way. The forward pass is the
+    package's own (`recurrent_step`'s operations, in the same order: the
+    same losses and state, bit for bit); its backward pass is written out —
+    the gates' derivatives from the saved activations, each weight's
+    gradient one product per segment, the embedding's rows added into the
+    tied table's gradient — so the gradients equal autograd's to float
+    rounding (tests/evaluation/adaptation_gradients_test.py). The cells'
+    derived weights (`step_weights`: split biases, padded kernels, folded
+    doublings) map back to the variables through autograd, which records
+    only that preparation. Otherwise `None`.
+
+    The tied table's gradient is written into one buffer, reused at every
+    call: use each call's gradients before the next call.
+    """
+    from keras_mogrifier.layers.cell_rnn import CellRNN
+    from keras_mogrifier.layers.language_model_head import LanguageModelHead
+    from keras_mogrifier.layers.mogrified_cell import MogrifiedCell
+    from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
+    from keras_mogrifier.layers.rlstm_cell import RLSTMCell
+    from keras_mogrifier.models.language_model import LanguageModel
+    from keras_mogrifier.models.recurrent_backbone import _sum
+
+    if decoding_step(model) is None or type(model) is not LanguageModel:
+        return None
+    backbone, head = model.backbone, model.head
+    if head.output_layer is not None or not backbone.stateful:
+        return None
+    cells = []
+    for rnn in backbone.recurrent_layers:
+        cell = rnn.cell
+        if type(cell).recurrent_step is not MogrifiedCell.recurrent_step:
+            return None
+        if isinstance(cell, RLSTMCell) and type(cell).step is RLSTMCell.step:
+            cells.append((cell, "rlstm"))
+        elif isinstance(cell, MogrifierLSTMCell) and type(cell).step is MogrifierLSTMCell.step:
+            cells.append((cell, "lstm"))
+        else:
+            return None
+    table_variable = backbone.embedding.embeddings
+    if head.embedding.embeddings is not table_variable:
+        return None
+    known = {id(table_variable): "table", id(head.output_bias): "bias"}
+    for cell, _ in cells:
+        for weight in cell.trainable_weights:
+            known.setdefault(id(weight), "cell")
+    if any(id(v) not in known for v in variables):
+        return None
+    residual, skip = backbone.residual, backbone.skip_connections
+    buffer = []
+    cache = {}
+
+    def gradients_of(x, y, v, update=None):
+        parameters = [variable.value for variable in variables]
+        adapted = {id(p) for p in parameters}
+        x = keras.ops.convert_to_tensor(x)
+        rows, n = x.shape
+        key = (id(update), n, tuple(id(p) for p in parameters))
+        if update is None or cache.get("key") != key or cache["mapping"] is None:
+            cache.clear()
+            cache.update(_prepared_cells(cells, adapted))
+            cache["key"] = key
+        try:
+            losses, gradient_of = forward_backward(
+                x, y, v, rows, n, parameters, adapted, update
+            )
+        finally:
+            if cache["mapping"] is None:
+                cache.pop("key", None)  # recorded: prepared anew next time
+        # `None` for the table where `update` has updated it already.
+        gradients = [
+            gradient_of[id(p)] if id(p) in gradient_of else torch.zeros_like(p)
+            for p in parameters
+        ]
+        return losses.reshape(rows, n), gradients
+
+    def forward_backward(x, y, v, rows, n, parameters, adapted, update):
+        ids = x.reshape(-1).long()
+        targets = keras.ops.convert_to_tensor(y).reshape(-1).long()
+        weights_of = keras.ops.convert_to_tensor(v).reshape(-1).to(torch.float32)
+        table = table_variable.value
+        bias = head.output_bias.value
+        detached = cache["detached"]
+        terms = None
+        if update is not None and id(table) in adapted:
+            terms = update.terms[id(table)]
+        with torch.no_grad():
+            # Forward: the backbone (`RecurrentBackbone._run`, lean), the
+            # state read from and written into the state variables.
+            states = [
+                keras.ops.convert_to_tensor(s) for s in backbone.recurrent_state_variables
+            ]
+            layer_input = torch.nn.functional.embedding(x.long(), table)
+            inputs, outputs, tapes = [], [], []
+            new_states = []
+            for k, ((cell, kind), w) in enumerate(zip(cells, detached)):
+                h = states[2 * k][:rows].clone()
+                c = states[2 * k + 1][:rows].clone()
+                inputs.append(layer_input)
+                sequence, h, c, tape = _taped_layer(cell, kind, w, layer_input, h, c)
+                new_states += [h, c]
+                outputs.append(sequence)
+                tapes.append(tape)
+                layer_input = _sum(outputs) if residual else sequence
+            features = layer_input
+            if not residual and skip:
+                features = _sum(outputs)
+            # The head (`LanguageModelHead._output`, tied): the logits,
+            # their bias and temperature, the token losses.
+            flat = features.reshape(rows * n, features.shape[-1])
+            if rows * n <= TIED_LOGITS_ROWS and id(table) in adapted:
+                logits = torch.mm(table, flat.t()).t()  # `tied_logits`
+            else:
+                logits = torch.matmul(features, table.t()).reshape(rows * n, -1)
+            logits = logits + bias
+            logits = logits.to(torch.float32)
+            temperature = keras.ops.convert_to_tensor(head.temperature_variable)
+            logits = logits * temperature
+            log_p = torch.log_softmax(logits, -1)
+            losses = -torch.gather(log_p, 1, targets[:, None])[:, 0]
+            for variable, state in zip(backbone.recurrent_state_variables, new_states):
+                variable.value[:rows].copy_(state)
+            # Backward: ∂(Σ v ⊙ losses)/∂logits = v ⊙ (softmax − one-hot),
+            # through the temperature.
+            d_logits = log_p.exp_()
+            d_logits[torch.arange(rows * n), targets] -= 1.0
+            d_logits.mul_((weights_of * temperature)[:, None])
+            d_logits = d_logits.to(table.dtype)
+            gradient_of = {}
+            if id(bias) in adapted:
+                gradient_of[id(bias)] = d_logits.sum(0)
+            if terms is not None:
+                # The table's update by its output product's gradient, in
+                # the same pass over the table as the features' gradient.
+                d_features = _tied_table_pass(
+                    table, d_logits, flat, terms, update.learning_rate
+                )
+                gradient_of[id(table)] = None
+            else:
+                d_features = torch.mm(d_logits, table)
+                if id(table) in adapted:
+                    if not buffer or buffer[0].shape != table.shape:
+                        buffer[:] = [torch.empty_like(table)]
+                    gradient_of[id(table)] = torch.mm(d_logits.t(), flat, out=buffer[0])
+            d_features = d_features.reshape(features.shape)
+            # The backbone's wiring, backwards.
+            last = len(cells) - 1
+            d_inputs = [None] * len(cells)
+            cell_gradients = []
+            for k in reversed(range(len(cells))):
+                d_out = d_features if (k == last or residual or skip) else None
+                if residual:
+                    for later in d_inputs[k + 1:]:
+                        d_out = later if d_out is None else d_out + later
+                elif k < last:
+                    d_out = d_inputs[k + 1] if d_out is None else d_out + d_inputs[k + 1]
+                cell, kind = cells[k]
+                d_inputs[k], grads = _taped_layer_backward(
+                    cell, kind, detached[k], inputs[k], tapes[k], d_out
+                )
+                cell_gradients.append((k, grads))
+            if id(table) in adapted:
+                d_embedded = d_inputs[0].reshape(rows * n, -1).to(table.dtype)
+                if terms is None:
+                    gradient_of[id(table)].index_add_(0, ids, d_embedded)
+                else:
+                    # The lookup's rows of the table's gradient (the update
+                    # is linear in the gradient: the rest is applied).
+                    _, _, scale = terms
+                    if scale is not None:
+                        d_embedded = d_embedded / scale[ids]
+                    table.index_add_(0, ids, d_embedded, alpha=-update.learning_rate)
+            # The prepared weights' gradients, to the variables'.
+            mapping = cache["mapping"]
+            if mapping is not None:
+                for k, grads in cell_gradients:
+                    for tensor, gradient in _weight_pairs(detached[k], grads):
+                        place = mapping.get(id(tensor))
+                        if place is None:
+                            continue
+                        parameter, view = place
+                        if view is None:
+                            gradient_of[id(parameter)] = gradient
+                        else:
+                            total = gradient_of.get(id(parameter))
+                            if total is None:
+                                total = gradient_of[id(parameter)] = torch.zeros_like(parameter)
+                            total.as_strided(*view).add_(gradient)
+        if mapping is None:
+            derived, d_derived = [], []
+            for k, grads in cell_gradients:
+                for tensor, gradient in _weight_pairs(cache["recorded"][k], grads):
+                    if tensor.requires_grad:
+                        derived.append(tensor)
+                        d_derived.append(gradient)
+            own = cache["own"]
+            if own:
+                mapped = torch.autograd.grad(derived, own, d_derived, allow_unused=True)
+                for p, g in zip(own, mapped):
+                    gradient_of[id(p)] = g
+        return losses, gradient_of
+
+    return gradients_of
+
+
+TIED_TABLE_CHUNK_ROWS = 2048
+
+
+def _tied_table_pass(table, d_logits, features, terms, step_size):
+    """`d_logits · table`, and the table updated in place by the rule's
+    step for the gradient `d_logitsᵀ · features`, in one pass over the table.
+
+    Chunks of 2,048 rows (2 MB of a 256-wide table): each chunk's
+    gradient, its decay and its step are computed while the chunk is in
+    cache, instead of writing the table-sized gradient and reading it back
+    (10k × 256: 0.4–0.6 ms a segment less, 2-core EPYC, one thread).
+    """
+    tg, decay, scale = terms
+    d_features = torch.zeros(d_logits.shape[0], table.shape[1], dtype=table.dtype)
+    rows = min(TIED_TABLE_CHUNK_ROWS, table.shape[0])
+    gradient = torch.empty(rows, table.shape[1], dtype=table.dtype)
+    transposed = d_logits.t()
+    for start in range(0, table.shape[0], rows):
+        stop = min(start + rows, table.shape[0])
+        theta = table[start:stop]
+        d_features.addmm_(d_logits[:, start:stop], theta)
+        g = torch.mm(transposed[start:stop], features, out=gradient[: stop - start])
+        theta.lerp_(tg[start:stop], decay if not torch.is_tensor(decay) else decay[start:stop])
+        if scale is None:
+            theta.add_(g, alpha=-step_size)
+        else:
+            theta.addcdiv_(g, scale[start:stop], value=-step_size)
+    return d_features
+
+
+def _prepared_cells(cells, adapted):
+    """The cells' weights for `adaptation_gradients`, and how their
+    gradients reach the variables.
+
+    Returns `{"detached", "mapping", "recorded", "own"}`: the weights as the
+    loop reads them (detached); and either `mapping`, `{id(weight):
+    (parameter, view)}` where every prepared weight that depends on an
+    adapted variable is that variable or a view of it (`view`: `(size,
+    stride, offset)` into it, `None` for the variable itself) — then the
+    weights stay valid while the variables are updated in place — or
+    `mapping=None` with the weights `recorded` by autograd from the
+    variables `own` (a weight computed from them: prepared anew each time).
+    """
+    own = [[w.value for w in cell.trainable_weights if id(w.value) in adapted] for cell, _ in cells]
+    flat_own = [p for group in own for p in group]
+    flags = [p.requires_grad for p in flat_own]
+    try:
+        for p in flat_own:
+            p.requires_grad_(True)
+        with torch.enable_grad():
+            # The per-step weights (not `per_sequence`'s folded and padded
+            # copies): the variables or views of them, valid while the
+            # variables are updated in place; the same numbers.
+            recorded = [cell.step_weights() for cell, _ in cells]
+    finally:
+        for p, flag in zip(flat_own, flags):
+            p.requires_grad_(flag)
+    mapping = {}
+    by_id = {id(p): p for p in flat_own}
+    for weights in recorded:
+        for tensor in _weight_tensors(weights):
+            if id(tensor) in by_id:
+                mapping[id(tensor)] = (tensor, None)
+                continue
+            if not tensor.requires_grad:  # (read after the flags are restored)
+                continue
+            base = tensor._base
+            if base is None or id(base) not in by_id:
+                mapping = None
+                break
+            offset = tensor.storage_offset() - base.storage_offset()
+            mapping[id(tensor)] = (base, (tensor.size(), tensor.stride(), offset))
+        if mapping is None:
+            break
+    detached = [_detached_weights(w) for w in recorded]
+    if mapping is not None:
+        # Keyed by the detached tensors the loop reads.
+        mapping = {
+            id(d): mapping[id(r)]
+            for weights, plain in zip(recorded, detached)
+            for r, d in zip(_weight_tensors(weights), _weight_tensors(plain))
+            if id(r) in mapping
+        }
+    return {"detached": detached, "mapping": mapping, "recorded": recorded, "own": flat_own}
+
+
+def _weight_tensors(weights):
+    for name in sorted(weights):
+        value = weights[name]
+        if name == "mogrifier" and value is not None:
+            for kernels, b in value:
+                yield from kernels
+                if b is not None:
+                    yield b
+        elif isinstance(value, torch.Tensor):
+            yield value
+
+
+def _detached_weights(weights):
+    out = {}
+    for name, value in weights.items():
+        if name == "mogrifier" and value is not None:
+            value = [
+                ([m.detach() for m in kernels], None if b is None else b.detach())
+                for kernels, b in value
+            ]
+        elif isinstance(value, torch.Tensor):
+            value = value.detach()
+        out[name] = value
+    return out
+
+
+def _weight_pairs(weights, gradients):
+    """`(weight tensor, its gradient)` for every gradient in `gradients`."""
+    for name, gradient in gradients.items():
+        if name == "mogrifier":
+            for (kernels, b), (d_kernels, d_b) in zip(weights["mogrifier"], gradient):
+                yield from zip(kernels, d_kernels)
+                if b is not None:
+                    yield b, d_b
+        elif weights[name] is not None:
+            yield weights[name], gradient
+
+
+def _taped_layer(cell, kind, weights, x, h, c):
+    """One recurrent layer forward over `x` `(batch, time, m)` from `(h, c)`,
+    as `CellRNN.inner_loop` runs it at inference with the fused step;
+    returns `(outputs (batch, time, units), h, c, tape)`."""
+    steps = x.shape[1]
+    x = torch.transpose(x, 0, 1)
+    rounds = weights["mogrifier"]
+    hoisted = cell.hoists_input_projection
+    if hoisted:
+        z_x = cell.project_input(weights, x.reshape(-1, x.shape[-1]))
+        z_x = keras.ops.convert_to_tensor(z_x).reshape(steps, x.shape[1], -1)
+    tape = {"steps": [], "mogrifier": [], "inputs": []}
+    outputs = []
+    for t in range(steps):
+        if hoisted:
+            z = z_x[t]
+            h_prev = h
+        else:
+            x_t, h_prev = x[t], h
+            if rounds is not None:
+                rounds_tape = []
+                x_t, h_prev = _mogrify(
+                    rounds, weights["mogrifier_doubled"], x_t, h_prev, rounds_tape
+                )
+                tape["mogrifier"].append(rounds_tape)
+            tape["inputs"].append(x_t)
+            if kind == "rlstm":
+                z = _rlstm_projection(cell.units, weights, x_t)
+            else:
+                z = _lstm_projection(weights, x_t)
+        if kind == "rlstm":
+            h, c = _rlstm_gates(weights, z, h_prev, c, None, tape["steps"])
+        else:
+            h, c = _lstm_gates(weights, cell.capped_input_gate, z, h_prev, c, tape["steps"])
+        outputs.append(h)
+    if hoisted:
+        tape["inputs"] = x
+    return torch.transpose(torch.stack(outputs), 0, 1), h, c, tape
+
+
+def _taped_layer_backward(cell, kind, weights, x, tape, d_outputs):
+    """The backward pass of `_taped_layer`: from the gradient of the
+    outputs `(batch, time, units)`, the input's gradient `(batch, time, m)`
+    and the weights' gradients (by name, as `step_weights` names them)."""
+    units = cell.units
+    steps = len(tape["steps"])
+    d_outputs = torch.transpose(d_outputs, 0, 1)
+    saved = [torch.stack(values) for values in zip(*tape["steps"])]
+    one = 1.0
+    if kind == "rlstm":
+        h_prev, c_prev, i, j, ij, f, capped, c, o, tanh_c = saved
+        one_f = one - f
+        # torch.minimum's derivative: to the smaller input, halved at a tie.
+        to_i = (i < one_f).to(i.dtype) + 0.5 * (i == one_f).to(i.dtype)
+        d_i_gate = i * (one - i)
+        d_j_gate = one - j * j
+        a_o = tanh_c * o * (one - o)
+        a_c = o * (one - tanh_c * tanh_c)
+        a_f = (c_prev - j * (one - to_i)) * (f * one_f)
+        a_i = j * to_i * d_i_gate
+        b_i = j * d_i_gate
+        a_j = capped * d_j_gate
+        b_j = i * d_j_gate
+        width = 3 * units
+    else:
+        h_prev, c_prev, z_i, z_f, f, i, tanh_j, c, o, tanh_c = saved
+        a_o = tanh_c * o * (one - o)
+        a_c = o * (one - tanh_c * tanh_c)
+        a_i = tanh_j * i * (one - i)
+        a_j = i * (one - tanh_j * tanh_j)
+        a_f = c_prev * f * (one - f)
+        if cell.capped_input_gate:
+            minus_f = -z_f
+            to_i = (z_i < minus_f).to(i.dtype) + 0.5 * (z_i == minus_f).to(i.dtype)
+            a_f = a_f - a_i * (one - to_i)
+            a_i = a_i * to_i
+        width = 4 * units
+    # Per step from here on (views; indexing in the loop costs a call each).
+    if kind == "rlstm":
+        a_o, a_c, a_f, a_i, b_i, a_j, b_j, f = (
+            t.unbind(0) for t in (a_o, a_c, a_f, a_i, b_i, a_j, b_j, f)
+        )
+    else:
+        a_o, a_c, a_f, a_i, a_j, f = (t.unbind(0) for t in (a_o, a_c, a_f, a_i, a_j, f))
+    d_outputs = d_outputs.unbind(0)
+    batch = d_outputs[0].shape[0]
+    d_z = torch.empty(steps, batch, width, dtype=d_outputs[0].dtype)
+    d_z_o = torch.empty(steps, batch, units, dtype=d_z.dtype) if kind == "rlstm" else None
+    recurrent_t = weights["recurrent_kernel"].t()
+    rounds = weights["mogrifier"]
+    hoisted = rounds is None and cell.hoists_input_projection
+    kernel = weights["kernel"]
+    narrow = kind == "rlstm" and kernel.shape[-1] == 2 * units
+    kernel_t = kernel.t()
+    d_x = None if hoisted else [None] * steps
+    mogrifier_rows = mogrifier_factors = None
+    if rounds is not None:
+        mogrifier_factors = _mogrify_factors(tape["mogrifier"], weights["mogrifier_doubled"])
+        transposed = [[m.t() for m in kernels] for kernels, _ in rounds]
+        # Per round: each matrix's (input, output gradient) rows, then the
+        # bias's gradient rows.
+        mogrifier_rows = [[[] for _ in kernels] + [[]] for kernels, _ in rounds]
+    if kind == "rlstm":
+        output_t = weights["output_kernel"].t()
+        forget_t = weights["forget_kernel"].t()
+    d_h = d_c = None
+    for t in reversed(range(steps)):
+        dh = d_outputs[t] if d_h is None else d_outputs[t] + d_h
+        dz = d_z[t]
+        if kind == "rlstm":
+            dzo = torch.mul(dh, a_o[t], out=d_z_o[t])
+            dc = dh * a_c[t]
+            if d_c is not None:
+                dc += d_c
+            dc = torch.addmm(dc, dzo, output_t)
+            dzf = torch.mul(dc, a_f[t], out=dz[:, 2 * units:])
+            dij = torch.mm(dzf, forget_t)
+            torch.mul(dc, a_i[t], out=dz[:, :units]).addcmul_(dij, b_i[t])
+            torch.mul(dc, a_j[t], out=dz[:, units:2 * units]).addcmul_(dij, b_j[t])
+        else:
+            torch.mul(dh, a_o[t], out=dz[:, 3 * units:])
+            dc = dh * a_c[t]
+            if d_c is not None:
+                dc += d_c
+            torch.mul(dc, a_i[t], out=dz[:, :units])
+            torch.mul(dc, a_f[t], out=dz[:, units:2 * units])
+            torch.mul(dc, a_j[t], out=dz[:, 2 * units:3 * units])
+        d_h = torch.mm(dz, recurrent_t)
+        d_c = dc * f[t]
+        if not hoisted:
+            d_in = torch.mm(dz[:, :2 * units] if narrow else dz, kernel_t)
+            if rounds is not None:
+                d_in, d_h = _mogrify_backward(
+                    transposed, tape["mogrifier"][t], mogrifier_factors[t], d_in, d_h,
+                    mogrifier_rows,
+                )
+            d_x[t] = d_in
+    flat = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+    gradients = {"recurrent_kernel": torch.mm(flat(h_prev).t(), flat(d_z))}
+    inputs = tape["inputs"] if hoisted else torch.stack(tape["inputs"])
+    d_projected = d_z[..., :2 * units] if narrow else d_z
+    gradients["kernel"] = torch.mm(flat(inputs).t(), flat(d_projected))
+    if hoisted:
+        d_x = torch.mm(flat(d_projected), kernel_t).reshape(steps, batch, -1)
+    else:
+        d_x = torch.stack(d_x)
+    if kind == "rlstm":
+        gradients["forget_kernel"] = torch.mm(flat(ij).t(), flat(d_z[..., 2 * units:]))
+        gradients["output_kernel"] = torch.mm(flat(c).t(), flat(d_z_o))
+        gradients["input_bias"] = flat(d_z).sum(0)
+        gradients["output_bias"] = flat(d_z_o).sum(0)
+    else:
+        gradients["bias"] = flat(d_z).sum(0)
+    if rounds is not None:
+        gradients["mogrifier"] = [
+            (
+                [
+                    torch.mm(torch.cat([a for a, _ in pairs]).t(), torch.cat([d for _, d in pairs]))
+                    for pairs in rows[:-1]
+                ],
+                None if bias is None else torch.cat(rows[-1]).sum(0),
+            )
+            for rows, (_, bias) in zip(mogrifier_rows, rounds)
+        ]
+    return torch.transpose(d_x, 0, 1), gradients
+
+
+def _mogrify_factors(tapes, doubled):
+    """Per step and round, `(∂out/∂gated, ∂out/∂z)` of `_mogrify`'s gate
+    `out = d · σ(z) ⊙ gated` (d = 2 if `doubled`, else 1) but for the
+    output's gradient, computed for every step at once."""
+    factors = []
+    for r in range(len(tapes[0])):
+        gate = torch.stack([tape[r][1] for tape in tapes])
+        gated = torch.stack([tape[r][2] for tape in tapes])
+        if doubled:
+            gate = gate + gate
+        d_z = gated * gate * (1.0 - (gate * 0.5 if doubled else gate))
+        factors.append((gate.unbind(0), d_z.unbind(0)))
+    return [[(g[t], z[t]) for g, z in factors] for t in range(len(tapes))]
+
+
+def _mogrify_backward(transposed, tape, factors, d_x, d_h, rows):
+    """The backward pass of `_mogrify` for one step: the gradients of its
+    inputs `x` and `h` from those of its outputs (`transposed`: each
+    round's matrices, transposed); each matrix's input rows and output
+    gradients appended to `rows` (summed into the weights' gradients once
+    per segment)."""
+    for i in reversed(range(1, len(transposed) + 1)):
+        kernels = transposed[i - 1]
+        inputs = tape[i - 1][0]
+        to_gated, to_z = factors[i - 1]
+        odd = i % 2 == 1
+        d_out = d_x if odd else d_h
+        d_gated = d_out * to_gated
+        d_z = d_out * to_z
+        rows[i - 1][-1].append(d_z)
+        for k in reversed(range(len(kernels))):
+            rows[i - 1][k].append((inputs[k], d_z))
+            d_z = torch.mm(d_z, kernels[k])
+        if odd:
+            d_x, d_h = d_gated, d_h + d_z
+        else:
+            d_x, d_h = d_x + d_z, d_gated
+    return d_x, d_h
+
+
 def _stacked(outputs):
     return torch.utils._pytree.tree_map(
         lambda *xs: torch.stack(xs), *outputs
@@ -557,6 +1139,8 @@ def in_place_update(update_rule):
 
             def step(gradients):
                 for theta, g, (tg, decay, scale) in zip(targets, gradients, invariants):
+                    if g is None:  # updated already (`adaptation_gradients`)
+                        continue
                     g = g.to(theta.dtype)
                     theta.lerp_(tg, decay)
                     if scale is None:
@@ -564,28 +1148,40 @@ def in_place_update(update_rule):
                     else:
                         theta.addcdiv_(g, scale, value=-learning_rate)
 
+            step.terms = dict(zip((id(t) for t in targets), invariants))
+            step.learning_rate = learning_rate
         return step
 
     return apply
 
 
 def model_adaptation_loop(
-    model, variables, objective, update, jit_compile, update_rule=None
+    model, variables, objective, update, jit_compile, update_rule=None,
+    token_losses_objective=False,
 ):
     """Gradient, update and assignment per index, in a Python loop.
 
     The update runs under `torch.no_grad()`; a rule `in_place_update` knows
     updates the variables' tensors in place, any other is copied into the
-    variables. Nothing is read back to the host in the loop.
+    variables. Nothing is read back to the host in the loop. Where the
+    objective is dynamic evaluation's own (`token_losses_objective`) and
+    `adaptation_gradients` covers the model, its hand-written backward pass
+    takes the gradients.
     """
-    gradients_of = model_gradients(model, variables, objective, jit_compile)
+    by_hand = None
+    if token_losses_objective:
+        by_hand = adaptation_gradients(model, variables)
+    gradients_of = by_hand or model_gradients(model, variables, objective, jit_compile)
     fused = in_place_update(update_rule)
 
     def adapt(constants, *sequences):
         outputs = []
         step = fused(variables, *constants) if fused is not None else None
         for k in range(int(sequences[0].shape[0])):
-            aux, gradients = gradients_of(*[s[k] for s in sequences])
+            if by_hand is not None and step is not None:
+                aux, gradients = by_hand(*[s[k] for s in sequences], update=step)
+            else:
+                aux, gradients = gradients_of(*[s[k] for s in sequences])
             with torch.no_grad():
                 if step is not None:
                     step(gradients)

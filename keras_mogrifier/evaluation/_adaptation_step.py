@@ -86,7 +86,8 @@ class CompiledSteps:
                 ]
 
             built = backend.model_adaptation_loop(
-                model, variables, objective, update, jit, update_rule=update_rule
+                model, variables, objective, update, jit, update_rule=update_rule,
+                token_losses_objective=True,
             )
         else:
             flags = tuple(per_stream)
