@@ -873,8 +873,13 @@ def _taped_layer(cell, kind, weights, x, h, c):
     rounds = weights["mogrifier"]
     hoisted = cell.hoists_input_projection
     if hoisted:
-        z_x = cell.project_input(weights, x.reshape(-1, x.shape[-1]))
-        z_x = keras.ops.convert_to_tensor(z_x).reshape(steps, x.shape[1], -1)
+        # `project_input` of every step at once, as `CellRNN` hoists it.
+        flat = x.reshape(-1, x.shape[-1])
+        if kind == "rlstm":
+            z_x = _rlstm_projection(cell.units, weights, flat)
+        else:
+            z_x = _lstm_projection(weights, flat)
+        z_x = z_x.reshape(steps, x.shape[1], -1)
     tape = {"steps": [], "mogrifier": [], "inputs": []}
     outputs = []
     for t in range(steps):
