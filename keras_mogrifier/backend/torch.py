@@ -533,25 +533,30 @@ def adaptation_gradients(model, variables):
     For the package's own `LanguageModel` — `decoding_step`'s models,
     with the output layer tied to the embedding, the state carried
     (`stateful`), and `variables` among the embedding, the output bias and
-    the cells' weights — this returns `gradients_of(x, y, v) -> (losses,
-    gradients)`: what `model_gradients(model, variables, objective)` returns
-    for dynamic evaluation's objective `Σ v ⊙ token_losses(model, x, y)`,
-    the carried state advanced the same way. The forward pass is the
-    package's own (`recurrent_step`'s operations, in the same order: the
-    same losses and state, bit for bit); its backward pass is written out —
-    the gates' derivatives from the saved activations, each weight's
-    gradient one product per segment, the embedding's rows added into the
-    tied table's gradient — so the gradients equal autograd's to float
-    rounding (tests/evaluation/adaptation_gradients_test.py). The cells'
-    derived weights (`step_weights`: split biases, padded kernels, folded
-    doublings) map back to the variables through autograd, which records
-    only that preparation. Otherwise `None`.
+    the cells' weights — this returns `gradients_of(x, y, v, update=None)
+    -> (losses, gradients)`: what `model_gradients(model, variables,
+    objective)` returns for dynamic evaluation's objective `Σ v ⊙
+    token_losses(model, x, y)`, the carried state advanced the same way.
+    The forward pass is the package's own (`recurrent_step`'s operations,
+    in the same order: the same losses and state, bit for bit); its
+    backward pass is written out — the gates' derivatives from the saved
+    activations, each weight's gradient one product per segment, the
+    embedding's rows added into the tied table's gradient — so the
+    gradients equal autograd's to float rounding
+    (tests/evaluation/adaptation_gradients_test.py). The cells' weights are
+    read as `step_weights()` gives them — the variables or views of them
+    (a split bias), valid while the variables are updated in place, so
+    read once while the same `update` runs — and their gradients reach the
+    variables through the views' strides (through autograd where a weight
+    is computed from a variable instead).
 
-    The tied table's gradient is written into one buffer, reused at every
-    call: use each call's gradients before the next call.
+    With `update` (`in_place_update`'s step for `variables`) the tied
+    table is updated here, in the pass over the table that computes the
+    features' gradient (`_tied_table_pass`), and its gradient comes back as
+    `None`: pass the gradients to that `update`. Without it, the table's
+    gradient is written into one buffer, reused at every call: use each
+    call's gradients before the next call. Otherwise `None`.
     """
-    from keras_mogrifier.layers.cell_rnn import CellRNN
-    from keras_mogrifier.layers.language_model_head import LanguageModelHead
     from keras_mogrifier.layers.mogrified_cell import MogrifiedCell
     from keras_mogrifier.layers.mogrifier_lstm_cell import MogrifierLSTMCell
     from keras_mogrifier.layers.rlstm_cell import RLSTMCell
