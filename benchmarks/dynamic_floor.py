@@ -20,9 +20,11 @@ warm-up), per segment; the adapted parameters; the floor and the ratio.
 On PyTorch the same dynamic evaluation is also run by a bare loop with
 nothing of Keras around it (`bare_adaptation`: `torch_eager_floor.py`'s
 bare forward over the same weights, `torch.autograd.grad`, and the
-package's own in-place update) — the floor of *eager* PyTorch, which the
-issue's floor does not know; their token losses must agree to float
-rounding, and the two are timed interleaved.
+package's own in-place update) — what eager PyTorch with autograd does at
+the least (the package, with its backward pass written out since
+2026-11-29, is below it: `backend.torch.adaptation_gradients`); their
+token losses must agree to float rounding, and the two are timed
+interleaved.
 
     python benchmarks/dynamic_floor.py      # quiet machine; ~4 minutes
 """
