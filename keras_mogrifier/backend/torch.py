@@ -89,24 +89,32 @@ def model_function(model, fn, jit_compile):
     return function(fn, jit_compile)
 
 
+@contextlib.contextmanager
+def _requiring_gradients(parameters):
+    """`parameters` require gradients (and autograd records) inside; their
+    own flags come back afterwards."""
+    flags = [p.requires_grad for p in parameters]
+    try:
+        for p in parameters:
+            p.requires_grad_(True)
+        with torch.enable_grad():
+            yield
+    finally:
+        for p, flag in zip(parameters, flags):
+            p.requires_grad_(flag)
+
+
 def model_gradients(model, variables, fn, jit_compile):
     del jit_compile
 
     def run(*args):
         parameters = [v.value for v in variables]
-        flags = [p.requires_grad for p in parameters]
-        try:
-            for p in parameters:
-                p.requires_grad_(True)
-            with torch.enable_grad():
-                with keras.StatelessScope() as scope:
-                    objective, aux = fn(*args)
-                gradients = torch.autograd.grad(
-                    objective, parameters, allow_unused=True
-                )
-        finally:
-            for p, flag in zip(parameters, flags):
-                p.requires_grad_(flag)
+        with _requiring_gradients(parameters):
+            with keras.StatelessScope() as scope:
+                objective, aux = fn(*args)
+            gradients = torch.autograd.grad(
+                objective, parameters, allow_unused=True
+            )
         with torch.no_grad():
             for v in model_state(model):
                 value = scope.get_current_value(v)
@@ -582,10 +590,8 @@ def adaptation_gradients(model, variables):
     table_variable = backbone.embedding.embeddings
     if head.embedding.embeddings is not table_variable:
         return None
-    known = {id(table_variable): "table", id(head.output_bias): "bias"}
-    for cell, _ in cells:
-        for weight in cell.trainable_weights:
-            known.setdefault(id(weight), "cell")
+    known = {id(table_variable), id(head.output_bias)}
+    known.update(id(w) for cell, _ in cells for w in cell.trainable_weights)
     if any(id(v) not in known for v in variables):
         return None
     residual, skip = backbone.residual, backbone.skip_connections
@@ -597,18 +603,16 @@ def adaptation_gradients(model, variables):
         adapted = {id(p) for p in parameters}
         x = keras.ops.convert_to_tensor(x)
         rows, n = x.shape
-        key = (id(update), n, tuple(id(p) for p in parameters))
-        if update is None or cache.get("key") != key or cache["mapping"] is None:
+        # Views of the same parameters stay valid; weights computed from
+        # them (`mapping` None) are prepared anew every time.
+        key = tuple(id(p) for p in parameters)
+        if cache.get("key") != key or cache["mapping"] is None:
             cache.clear()
             cache.update(_prepared_cells(cells, adapted))
             cache["key"] = key
-        try:
-            losses, gradient_of = forward_backward(
-                x, y, v, rows, n, parameters, adapted, update
-            )
-        finally:
-            if cache["mapping"] is None:
-                cache.pop("key", None)  # recorded: prepared anew next time
+        losses, gradient_of = forward_backward(
+            x, y, v, rows, n, parameters, adapted, update
+        )
         # `None` for the table where `update` has updated it already.
         gradients = [
             gradient_of[id(p)] if id(p) in gradient_of else torch.zeros_like(p)
@@ -632,7 +636,7 @@ def adaptation_gradients(model, variables):
             states = [
                 keras.ops.convert_to_tensor(s) for s in backbone.recurrent_state_variables
             ]
-            layer_input = torch.nn.functional.embedding(x.long(), table)
+            layer_input = torch.nn.functional.embedding(ids.reshape(rows, n), table)
             inputs, outputs, tapes = [], [], []
             new_states = []
             for k, ((cell, kind), w) in enumerate(zip(cells, detached)):
@@ -790,18 +794,11 @@ def _prepared_cells(cells, adapted):
     """
     own = [[w.value for w in cell.trainable_weights if id(w.value) in adapted] for cell, _ in cells]
     flat_own = [p for group in own for p in group]
-    flags = [p.requires_grad for p in flat_own]
-    try:
-        for p in flat_own:
-            p.requires_grad_(True)
-        with torch.enable_grad():
-            # The per-step weights (not `per_sequence`'s folded and padded
-            # copies): the variables or views of them, valid while the
-            # variables are updated in place; the same numbers.
-            recorded = [cell.step_weights() for cell, _ in cells]
-    finally:
-        for p, flag in zip(flat_own, flags):
-            p.requires_grad_(flag)
+    with _requiring_gradients(flat_own):
+        # The per-step weights (not `per_sequence`'s folded and padded
+        # copies): the variables or views of them, valid while the
+        # variables are updated in place; the same numbers.
+        recorded = [cell.step_weights() for cell, _ in cells]
     mapping = {}
     by_id = {id(p): p for p in flat_own}
     for weights in recorded:
@@ -877,14 +874,21 @@ def _taped_layer(cell, kind, weights, x, h, c):
     x = torch.transpose(x, 0, 1)
     rounds = weights["mogrifier"]
     hoisted = cell.hoists_input_projection
+    if kind == "rlstm":
+        def project(x_t):
+            return _rlstm_projection(cell.units, weights, x_t)
+
+        def gates(z, h_prev, c, tape):
+            return _rlstm_gates(weights, z, h_prev, c, None, tape)
+    else:
+        def project(x_t):
+            return _lstm_projection(weights, x_t)
+
+        def gates(z, h_prev, c, tape):
+            return _lstm_gates(weights, cell.capped_input_gate, z, h_prev, c, tape)
     if hoisted:
         # `project_input` of every step at once, as `CellRNN` hoists it.
-        flat = x.reshape(-1, x.shape[-1])
-        if kind == "rlstm":
-            z_x = _rlstm_projection(cell.units, weights, flat)
-        else:
-            z_x = _lstm_projection(weights, flat)
-        z_x = z_x.reshape(steps, x.shape[1], -1)
+        z_x = project(x.reshape(-1, x.shape[-1])).reshape(steps, x.shape[1], -1)
     tape = {"steps": [], "mogrifier": [], "inputs": []}
     outputs = []
     for t in range(steps):
@@ -900,14 +904,8 @@ def _taped_layer(cell, kind, weights, x, h, c):
                 )
                 tape["mogrifier"].append(rounds_tape)
             tape["inputs"].append(x_t)
-            if kind == "rlstm":
-                z = _rlstm_projection(cell.units, weights, x_t)
-            else:
-                z = _lstm_projection(weights, x_t)
-        if kind == "rlstm":
-            h, c = _rlstm_gates(weights, z, h_prev, c, None, tape["steps"])
-        else:
-            h, c = _lstm_gates(weights, cell.capped_input_gate, z, h_prev, c, tape["steps"])
+            z = project(x_t)
+        h, c = gates(z, h_prev, c, tape["steps"])
         outputs.append(h)
     if hoisted:
         tape["inputs"] = x
@@ -922,17 +920,16 @@ def _taped_layer_backward(cell, kind, weights, x, tape, d_outputs):
     steps = len(tape["steps"])
     d_outputs = torch.transpose(d_outputs, 0, 1)
     saved = [torch.stack(values) for values in zip(*tape["steps"])]
-    one = 1.0
     if kind == "rlstm":
         h_prev, c_prev, i, j, ij, f, capped, c, o, tanh_c = saved
-        one_f = one - f
+        one_f = 1.0 - f
         # torch.minimum's derivative: to the smaller input, halved at a tie.
         to_i = (i < one_f).to(i.dtype) + 0.5 * (i == one_f).to(i.dtype)
-        d_i_gate = i * (one - i)
-        d_j_gate = one - j * j
-        a_o = tanh_c * o * (one - o)
-        a_c = o * (one - tanh_c * tanh_c)
-        a_f = (c_prev - j * (one - to_i)) * (f * one_f)
+        d_i_gate = i * (1.0 - i)
+        d_j_gate = 1.0 - j * j
+        a_o = tanh_c * o * (1.0 - o)
+        a_c = o * (1.0 - tanh_c * tanh_c)
+        a_f = (c_prev - j * (1.0 - to_i)) * (f * one_f)
         a_i = j * to_i * d_i_gate
         b_i = j * d_i_gate
         a_j = capped * d_j_gate
@@ -940,15 +937,15 @@ def _taped_layer_backward(cell, kind, weights, x, tape, d_outputs):
         width = 3 * units
     else:
         h_prev, c_prev, z_i, z_f, f, i, tanh_j, c, o, tanh_c = saved
-        a_o = tanh_c * o * (one - o)
-        a_c = o * (one - tanh_c * tanh_c)
-        a_i = tanh_j * i * (one - i)
-        a_j = i * (one - tanh_j * tanh_j)
-        a_f = c_prev * f * (one - f)
+        a_o = tanh_c * o * (1.0 - o)
+        a_c = o * (1.0 - tanh_c * tanh_c)
+        a_i = tanh_j * i * (1.0 - i)
+        a_j = i * (1.0 - tanh_j * tanh_j)
+        a_f = c_prev * f * (1.0 - f)
         if cell.capped_input_gate:
             minus_f = -z_f
             to_i = (z_i < minus_f).to(i.dtype) + 0.5 * (z_i == minus_f).to(i.dtype)
-            a_f = a_f - a_i * (one - to_i)
+            a_f = a_f - a_i * (1.0 - to_i)
             a_i = a_i * to_i
         width = 4 * units
     # Per step from here on (views; indexing in the loop costs a call each).
