@@ -26,7 +26,12 @@ validation scored — are kept (`best.weights.npz` in the run's folder).
 **Seeds.** Every candidate trains with seed 1 (the same initial weights and
 dropout draws); the winner's seed-1 run is its first seed, seeds 2 and 3 are
 trained from scratch. The first seed was selected on its own validation
-curve (test never is), which the docs say beside the spread.
+curve (test never is), which the docs say beside the spread. A seed is
+tested as soon as its training ends (static, then dynamic evaluation), and
+its best weights are copied in float16 to `<output>/<row>/weights/` — kept
+with the results, so that a finished seed outlives the ignored `--work-dir`
+(a seed whose weights went with it before its test trains again; its
+record stays under `earlier_attempts`).
 
 Every finished epoch goes into the row's JSON at once
 (`benchmarks/results/convergence/<row>.json`); every run keeps a
@@ -415,7 +420,52 @@ def load_weights(model, path):
             f"Expected {len(model.weights)} weights in {path}. Received: {len(arrays)}"
         )
     for variable, value in zip(model.weights, arrays):
+        if value.dtype == np.float16:  # a kept copy
+            value = value.astype(keras.backend.standardize_dtype(variable.dtype))
         variable.assign(value)
+
+
+def start_again(entry, why):
+    """Moves what a run recorded under `earlier_attempts` (with `why`), so
+    that it trains again from epoch 1."""
+    attempt = {key: entry.pop(key) for key in (
+        "epochs", "best_valid_perplexity", "best_epoch", "converged",
+        "stopped_at_max_epochs") if key in entry}
+    attempt["why"] = why
+    attempt["environment"] = list(entry.get("environment", []))
+    entry.setdefault("earlier_attempts", []).append(attempt)
+    entry["epochs"] = []
+
+
+def kept_weights_path(record, name):
+    """Where a seed's best weights are kept in float16 (committed with the
+    results, so that a finished seed survives the loss of `--work-dir`)."""
+    return os.path.join(record.run_dir, "weights", f"{name}.float16.npz")
+
+
+def keep_weights(record, name):
+    """Writes the float16 copy of a finished seed's best weights (once)."""
+    entry = record.run(name)
+    path = kept_weights_path(record, name)
+    if not os.path.exists(path):
+        with np.load(os.path.join(REPOSITORY, entry["weights"])) as data:
+            arrays = [data[f"w{i}"] for i in range(len(data.files))]
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        save_weights(path, [a.astype("float16") if a.dtype == np.float32 else a
+                            for a in arrays])
+    entry["kept_weights"] = os.path.relpath(path, REPOSITORY)
+    record.save_run(name)
+
+
+def weights_file(record, name):
+    """A seed's best weights: the float32 file of its run if this machine
+    has it, else the committed float16 copy, else None."""
+    entry = record.run(name)
+    for path in (os.path.join(REPOSITORY, entry.get("weights") or ""),
+                 kept_weights_path(record, name)):
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def train_run(record, name, row, candidate, seed, until, corpus, args):
@@ -433,14 +483,10 @@ def train_run(record, name, row, candidate, seed, until, corpus, args):
     if not resume and entry["epochs"]:
         # Its checkpoint is gone (another machine; a deleted --work-dir): the
         # run trains again from epoch 1, and what it had recorded is kept.
-        attempt = {key: entry.pop(key) for key in (
-            "epochs", "best_valid_perplexity", "best_epoch", "converged") if key in entry}
-        attempt["why"] = "no checkpoint to resume from: trained again from epoch 1"
-        attempt["environment"] = list(entry.get("environment", []))
-        entry.setdefault("earlier_attempts", []).append(attempt)
-        entry["epochs"] = []
-        log(f"{row['name']} {name}: its checkpoint is gone; its {len(attempt['epochs'])} "
-            "epochs are kept under earlier_attempts, and it starts again")
+        start_again(entry, "no checkpoint to resume from: trained again from epoch 1")
+        log(f"{row['name']} {name}: its checkpoint is gone; its "
+            f"{len(entry['earlier_attempts'][-1]['epochs'])} epochs are kept under "
+            "earlier_attempts, and it starts again")
     entry.update(
         hyperparameters=dict(candidate), seed=seed,
         weights=os.path.relpath(os.path.join(directory, "best.weights.npz"), REPOSITORY),
@@ -625,21 +671,43 @@ def run_row(record, row, corpus, args):
     candidate = candidates[names.index(winner)]
     seeds = {first: winner}
     seeds.update({s: f"seed{s}" for s in settings["seeds"] if s != first})
-    units = [(n, candidate, s, settings["max_epochs"]) for s, n in seeds.items() if s != first]
+    record.data["seeds"] = {str(s): n for s, n in seeds.items()}
+    record.save()
+    for name in seeds.values():
+        entry = record.run(name)
+        if (_done(entry, settings["max_epochs"]) and "dynamic" not in entry
+                and weights_file(record, name) is None):
+            # Its best weights were in the ignored --work-dir only, and went
+            # with it before the seed was tested: it trains again.
+            start_again(entry, "its best weights were lost with --work-dir before "
+                        "its test evaluation: trained again from epoch 1")
+            record.save_run(name)
+            log(f"{row['name']} {name}: its best weights are gone; it trains again")
+    units = [(n, candidate, s, settings["max_epochs"]) for s, n in seeds.items()]
     if not train_all(record, units, row, corpus, args):
         return False
-    record.data["seeds"] = {str(s): n for s, n in seeds.items()}
-    for seed, name in seeds.items():
-        evaluate_run(record, name, row, candidate, corpus, args)
-        dynamic_run(record, name, row, candidate, corpus, args)
+    for name in seeds.values():
+        finish_seed(record, name, row, candidate, corpus, args)
     summarise(record)
     record.data["complete"] = True
     record.save()
     return True
 
 
+def finish_seed(record, name, row, candidate, corpus, args):
+    """What follows a seed's training, as soon as it ends: the float16 copy
+    of its best weights, then its static and dynamic test."""
+    if "dynamic" in record.run(name):
+        return
+    if record.run(name).get("kept_weights") is None:
+        keep_weights(record, name)
+    evaluate_run(record, name, row, candidate, corpus, args)
+    dynamic_run(record, name, row, candidate, corpus, args)
+
+
 def worker(record, row, corpus, args):
-    """`--run NAME --until E`: trains one run of the row, nothing else."""
+    """`--run NAME --until E`: trains one run of the row and, if it is one of
+    the winner's seeds trained to its end, tests it."""
     candidates = record.data["candidates"]
     names = candidate_names(len(candidates))
     first = min(record.data["settings"]["seeds"])
@@ -653,20 +721,30 @@ def worker(record, row, corpus, args):
             f"Expected --run among {names} or seedN once the row has a winner. "
             f"Received: {args.run!r}"
         )
-    train_run(record, args.run, row, candidate, seed, args.until, corpus, args)
+    entry = train_run(record, args.run, row, candidate, seed, args.until, corpus, args)
+    max_epochs = record.data["settings"]["max_epochs"]
+    is_seed = args.run == record.data.get("winner") or args.run.startswith("seed")
+    if is_seed and args.until >= max_epochs and _done(entry, max_epochs):
+        finish_seed(record, args.run, row, candidate, corpus, args)
 
 
-def best_model(record, entry, row, candidate, corpus):
+def best_model(record, name, row, candidate, corpus):
     """A compiled model holding a run's best-validated weights, and its
-    training settings."""
+    training settings, and the file it was read from."""
+    entry = record.run(name)
     model_config, training = run_config(row, candidate, record.data["settings"])
     model = lm.build_language_model(
         len(corpus.vocabulary), model_config, training["batch_size"],
         vocabulary=corpus.vocabulary,
     )
     lm.compile_language_model(model, training)
-    load_weights(model, os.path.join(REPOSITORY, entry["weights"]))
-    return model, training
+    path = weights_file(record, name)
+    if path is None:
+        raise FileNotFoundError(
+            f"Expected the best weights of run {name!r} ({entry.get('weights')} or "
+            f"{kept_weights_path(record, name)}). Received: neither file exists")
+    load_weights(model, path)
+    return model, training, os.path.relpath(path, REPOSITORY)
 
 
 def evaluate_run(record, name, row, candidate, corpus, args):
@@ -674,12 +752,12 @@ def evaluate_run(record, name, row, candidate, corpus, args):
     entry = record.run(name)
     if "static" in entry:
         return
-    model, training = best_model(record, entry, row, candidate, corpus)
+    model, training, weights = best_model(record, name, row, candidate, corpus)
     tau = lm.search_temperature(
         model, corpus.valid, batch_size=training["eval_batch_size"],
         sequence_length=training["sequence_length"],
     )
-    static = {"temperature": tau["temperature"]}
+    static = {"temperature": tau["temperature"], "weights": weights}
     static["valid_perplexity"] = lm.evaluate_language_model(model, corpus.valid, training)["perplexity"]
     static["test_perplexity"] = lm.evaluate_language_model(model, corpus.test, training)["perplexity"]
     for split in ("valid", "test"):
@@ -782,7 +860,7 @@ def dynamic_run(record, name, row, candidate, corpus, args):
     entry = record.run(name)
     if "dynamic" in entry:
         return
-    model, _ = best_model(record, entry, row, candidate, corpus)
+    model, _, weights = best_model(record, name, row, candidate, corpus)
     evaluator = DynamicEvaluator(
         model.with_options(batch_size=args.dynamic_statistics_batch, samples=1),
         segment_length=DYNAMIC_SEGMENT,
@@ -803,7 +881,7 @@ def dynamic_run(record, name, row, candidate, corpus, args):
     evaluator.decay_rate = search["decay_rate"]
     test = evaluator.evaluate(corpus.test, verbose=0)
     entry["dynamic"] = dict(
-        search, epsilon=evaluator.epsilon, segment_length=DYNAMIC_SEGMENT,
+        search, weights=weights, epsilon=evaluator.epsilon, segment_length=DYNAMIC_SEGMENT,
         statistics_batches=args.dynamic_statistics_batches,
         test_perplexity=float(test["perplexity"]),
         gain=1.0 - float(test["perplexity"]) / entry["static"]["test_perplexity_one_stream"],

@@ -109,6 +109,12 @@ def test_halving_keeps_the_better_half_and_the_winner_has_every_seed(row):
         assert math.isfinite(dynamic["test_perplexity"]) and dynamic["slice_tokens"] >= 100
         assert len(dynamic["passes"]) >= 4  # the whole 2 × 2 grid at least
     assert len(row["summary"]["dynamic_test_perplexity"]["values"]) == 2
+    # Every seed's best weights are kept in float16 beside the results.
+    for name in row["seeds"].values():
+        kept = os.path.join(ROOT, runs[name]["kept_weights"])
+        assert kept.endswith(f"{name}.float16.npz") and os.path.exists(kept)
+        with np.load(kept) as data:
+            assert data["w0"].dtype == np.float16
     # The same candidates for every row: the draw depends on the seed only.
     assert row["candidates"][0] == runs["candidate1"]["hyperparameters"]
 
@@ -147,6 +153,46 @@ def test_a_run_whose_checkpoint_is_gone_starts_again_and_keeps_what_it_had(
     assert [a["epochs"] for a in attempts] == [run["epochs"]]
     assert "trained again" in attempts[0]["why"]
     assert len(again["runs"][name]["epochs"]) == 2  # from epoch 1 again
+
+
+def _untested_copy(stopped_and_resumed, tmp, name):
+    """The finished row's results (not its --work-dir) copied to `tmp`, with
+    seed `name`'s tests deleted: a seed trained on a machine that is gone."""
+    import shutil
+
+    shutil.copytree(stopped_and_resumed[2] / "out", tmp / "out")
+    path = tmp / "out" / "lstm" / f"{name}.json"
+    entry = json.loads(path.read_text())
+    del entry["static"], entry["dynamic"]
+    entry["weights"] = os.path.relpath(tmp / "work" / "best.weights.npz", ROOT)  # gone
+    path.write_text(json.dumps(entry))
+    return entry
+
+
+def test_a_seed_tests_from_its_kept_float16_weights_when_the_work_dir_is_gone(
+        convergence, stopped_and_resumed, row, tmp_path):
+    name = row["winner"]
+    entry = _untested_copy(stopped_and_resumed, tmp_path, name)
+    again = _run(convergence, tmp_path, "--resume")["runs"][name]
+    assert again["epochs"] == entry["epochs"] and "earlier_attempts" not in again
+    assert again["static"]["weights"].endswith(f"{name}.float16.npz")
+    assert again["dynamic"]["weights"] == again["static"]["weights"]
+    # float16 weights: the same validation perplexity to a few parts in 1,000.
+    assert again["static"]["valid_perplexity"] == pytest.approx(
+        row["runs"][name]["static"]["valid_perplexity"], rel=5e-3)
+
+
+def test_a_seed_whose_weights_are_all_gone_trains_again(
+        convergence, stopped_and_resumed, row, tmp_path):
+    name = row["winner"]
+    entry = _untested_copy(stopped_and_resumed, tmp_path, name)
+    os.remove(tmp_path / "out" / "lstm" / "weights" / f"{name}.float16.npz")
+    again = _run(convergence, tmp_path, "--resume")["runs"][name]
+    attempts = again["earlier_attempts"]
+    assert attempts[-1]["epochs"] == entry["epochs"] and "lost" in attempts[-1]["why"]
+    assert len(again["epochs"]) == len(entry["epochs"])  # trained again, to its end
+    assert again["static"]["weights"] == again["weights"]  # the new float32 file
+    assert math.isfinite(again["dynamic"]["test_perplexity"])
 
 
 def test_plateau_keeps_the_validated_weights_and_stops(convergence, tmp_path):
