@@ -31,7 +31,9 @@ tested as soon as its training ends (static, then dynamic evaluation), and
 its best weights are copied in float16 to `<output>/<row>/weights/` — kept
 with the results, so that a finished seed outlives the ignored `--work-dir`
 (a seed whose weights went with it before its test trains again; its
-record stays under `earlier_attempts`).
+record stays under `earlier_attempts`). The best seed on validation is
+saved as `<output>/<row>/best_model.keras` (float16 weights, loaded with
+`keras.saving.load_model` into float32 variables on every backend).
 
 Every finished epoch goes into the row's JSON at once
 (`benchmarks/results/convergence/<row>.json`); every run keeps a
@@ -457,6 +459,54 @@ def keep_weights(record, name):
     record.save_run(name)
 
 
+def save_float16_model(model, path):
+    """Saves `model` as a `.keras` file with its float32 weights stored in
+    float16 (half the size; the saved model of a row's best seed).
+
+    `keras.saving.load_model(path)` reads it back on every backend into the
+    model's own float32 variables (Keras casts each stored array to its
+    variable's dtype), the values rounded to float16: what the float16
+    copy of the weights holds. Written with a temporary name, then renamed.
+    """
+    import tempfile
+    import zipfile
+
+    import h5py
+
+    def copy(source, target):
+        for key, value in source.attrs.items():
+            target.attrs[key] = value
+        for key, item in source.items():
+            if isinstance(item, h5py.Group):
+                copy(item, target.create_group(key))
+            else:
+                data = item[()]
+                if getattr(data, "dtype", None) == np.float32:
+                    data = data.astype(np.float16)
+                target.create_dataset(key, data=data)
+                for name, value in item.attrs.items():
+                    target[key].attrs[name] = value
+
+    with tempfile.TemporaryDirectory() as scratch:
+        full = os.path.join(scratch, "model.keras")
+        model.save(full)
+        with zipfile.ZipFile(full) as archive:
+            members = {n: archive.read(n) for n in archive.namelist()}
+        weights = os.path.join(scratch, "float32.h5")
+        with open(weights, "wb") as f:
+            f.write(members["model.weights.h5"])
+        halved = os.path.join(scratch, "float16.h5")
+        with h5py.File(weights, "r") as source, h5py.File(halved, "w") as target:
+            copy(source, target)
+        with open(halved, "rb") as f:
+            members["model.weights.h5"] = f.read()
+        temporary = path + ".partial"
+        with zipfile.ZipFile(temporary, "w") as archive:
+            for name, data in members.items():
+                archive.writestr(name, data)
+        os.replace(temporary, path)
+
+
 def weights_file(record, name):
     """A seed's best weights: the float32 file of its run if this machine
     has it, else the committed float16 copy, else None."""
@@ -688,6 +738,7 @@ def run_row(record, row, corpus, args):
         return False
     for name in seeds.values():
         finish_seed(record, name, row, candidate, corpus, args)
+    save_best_seed(record, row, candidate, corpus)
     summarise(record)
     record.data["complete"] = True
     record.save()
@@ -703,6 +754,33 @@ def finish_seed(record, name, row, candidate, corpus, args):
         keep_weights(record, name)
     evaluate_run(record, name, row, candidate, corpus, args)
     dynamic_run(record, name, row, candidate, corpus, args)
+
+
+def save_best_seed(record, row, candidate, corpus):
+    """The row's best seed (on validation) as `<output>/<row>/best_model.keras`:
+    the model as trained (its training batch size, the vocabulary it
+    carries), float16 weights (`save_float16_model`), uncompiled."""
+    seeds = record.data["seeds"]
+    best = min(seeds.values(), key=lambda n: record.run(n)["static"]["valid_perplexity"])
+    path = os.path.join(record.run_dir, "best_model.keras")
+    if record.data.get("model", {}).get("run") == best and os.path.exists(path):
+        return
+    model_config, training = run_config(row, candidate, record.data["settings"])
+    model = lm.build_language_model(
+        len(corpus.vocabulary), model_config, training["batch_size"],
+        vocabulary=corpus.vocabulary,
+    )
+    load_weights(model, weights_file(record, best))
+    save_float16_model(model, path)
+    record.data["model"] = {
+        "path": os.path.relpath(path, REPOSITORY), "run": best,
+        "seed": int(next(s for s, n in seeds.items() if n == best)),
+        "valid_perplexity": record.run(best)["static"]["valid_perplexity"],
+        "bytes": os.path.getsize(path),
+        "load": "keras.saving.load_model(path)",
+    }
+    record.save()
+    log(f"{row['name']}: the best seed ({best}) saved as {record.data['model']['path']}")
 
 
 def worker(record, row, corpus, args):

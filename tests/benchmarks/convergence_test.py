@@ -109,6 +109,14 @@ def test_halving_keeps_the_better_half_and_the_winner_has_every_seed(row):
         assert math.isfinite(dynamic["test_perplexity"]) and dynamic["slice_tokens"] >= 100
         assert len(dynamic["passes"]) >= 4  # the whole 2 × 2 grid at least
     assert len(row["summary"]["dynamic_test_perplexity"]["values"]) == 2
+    # The best seed on validation, saved with float16 weights, loads.
+    model = row["model"]
+    valid = {n: runs[n]["static"]["valid_perplexity"] for n in row["seeds"].values()}
+    assert model["run"] == min(valid, key=valid.get)
+    loaded = keras.saving.load_model(os.path.join(ROOT, model["path"]))
+    with np.load(os.path.join(ROOT, runs[model["run"]]["kept_weights"])) as kept:
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(loaded.weights[0]), kept["w0"].astype("float32"))
     # Every seed's best weights are kept in float16 beside the results.
     for name in row["seeds"].values():
         kept = os.path.join(ROOT, runs[name]["kept_weights"])
