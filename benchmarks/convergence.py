@@ -48,8 +48,9 @@ process: two rows run side by side on two cores.
     KERAS_BACKEND=jax nohup python benchmarks/convergence.py \\
         --data-dir ../shared/data/ptb --row lstm --resume \\
         > runs/convergence_lstm.log 2>&1 &
-    # the table of every row so far
+    # the table of every row so far, and every run's validation curve
     python benchmarks/convergence.py --table
+    python benchmarks/convergence.py --plot docs/convergence_curves.png
 
 Without `--data-dir` the package's embedded synthetic corpus is used (a
 smoke run; its perplexities mean nothing for Penn Treebank).
@@ -1005,6 +1006,55 @@ def table(output):
     return "\n".join(lines)
 
 
+def plot(output, path):
+    """Every run's validation curve, one panel per row, to `path` (PNG):
+    the candidates thin, the winner's seeds thick, the cuts dotted, and a
+    run's earlier attempts (trained on a machine that is gone) dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    rows = [load_row(os.path.join(output, name)) for name in sorted(os.listdir(output))
+            if name.endswith(".json")] if os.path.isdir(output) else []
+    if not rows:
+        raise ValueError(f"Expected a row's JSON in {output}. Received: none")
+    figure, axes = plt.subplots(1, len(rows), figsize=(6.5 * len(rows), 4.5), squeeze=False)
+    for axis, data in zip(axes[0], rows):
+        seeds = set((data.get("seeds") or {}).values())
+        if "winner" in data:
+            seeds.add(data["winner"])
+        seeds.update(n for n in data["runs"] if n.startswith("seed"))
+        for index, (name, entry) in enumerate(sorted(data["runs"].items())):
+            color = f"C{index % 10}"
+            seed = name in seeds
+            for attempt in entry.get("earlier_attempts", []):
+                values = [e["valid_perplexity"] for e in attempt["epochs"]]
+                axis.plot(range(1, len(values) + 1), values, color=color,
+                          lw=1.4 if seed else 0.8, ls="--", alpha=0.7)
+            values = [e["valid_perplexity"] for e in entry["epochs"]]
+            if values:
+                axis.plot(range(1, len(values) + 1), values, color=color,
+                          lw=2.0 if seed else 0.9, label=name)
+        for stage in data.get("rungs", []):
+            axis.axvline(stage["epochs"], color="0.6", ls=":", lw=0.8)
+        axis.set_yscale("log")
+        axis.set_ylim(70, 300)
+        ticks = [70, 80, 90, 100, 120, 150, 200, 300]
+        axis.set_yticks(ticks, [str(t) for t in ticks])
+        axis.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        axis.set_xlabel("epoch")
+        axis.set_ylabel("validation perplexity (averaged weights)")
+        axis.set_title(f"{data['row']} ({data['params']:,} parameters); thick: the "
+                       "winner's seeds, dashed: earlier attempts", fontsize=9)
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def main(argv=None):
     parser = _harness.argument_parser(__doc__, json_flag=False, data_dir="optional")
     parser.add_argument("--row", default=None, help=f"one of {list(ROWS)}")
@@ -1040,11 +1090,16 @@ def main(argv=None):
     parser.add_argument("--dynamic-statistics-batch", type=int, default=100)
     parser.add_argument("--dynamic-block", type=int, default=DYNAMIC_BLOCK)
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--plot", metavar="PNG", default=None,
+                        help="write every run's validation curve to this PNG and stop")
     args = parser.parse_args(argv)
     if (args.run is None) != (args.until is None):
         parser.error("--run and --until go together (a worker's run)")
     if args.table:
         print(table(args.output))
+        return 0
+    if args.plot:
+        plot(args.output, args.plot)
         return 0
     if args.row is None:
         parser.error("--row is required (one row per process)")

@@ -276,3 +276,11 @@ def test_separation_is_in_standard_errors_of_block_means(convergence):
     # standard error about 0.01: 0.1 above is about 10 errors.
     assert 7 < convergence.separation(best, other, 100) < 13
     assert math.isnan(convergence.separation(best[:150], other[:150], 100))
+
+
+def test_plot_draws_every_row_and_needs_one(convergence, stopped_and_resumed, tmp_path):
+    path = tmp_path / "curves.png"
+    convergence.main(["--output", str(stopped_and_resumed[2] / "out"), "--plot", str(path)])
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="Expected a row's JSON"):
+        convergence.plot(str(tmp_path / "empty"), str(tmp_path / "none.png"))
