@@ -2,15 +2,15 @@
 halving, the plateau, seeds, a JSON written epoch by epoch, and a stopped
 row resumed to the same numbers as one run through."""
 
-import importlib.util
 import json
 import math
 import os
-import sys
 
 import keras
 import numpy as np
 import pytest
+
+from testing import load_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A tiny row on the embedded corpus: 4 candidates, cuts after epochs 1 and 2,
@@ -32,12 +32,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _load():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    path = os.path.join(ROOT, "benchmarks", "convergence.py")
-    spec = importlib.util.spec_from_file_location("convergence", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(os.path.join(ROOT, "benchmarks", "convergence.py"), "convergence")
 
 
 @pytest.fixture(scope="module")

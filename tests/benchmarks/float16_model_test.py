@@ -2,25 +2,20 @@
 file with float16 weights that `keras.saving.load_model` reads on every
 backend into float32 variables."""
 
-import importlib.util
 import os
-import sys
 
 import keras
 import numpy as np
 
 from keras_mogrifier import LanguageModel
 
+from testing import load_module
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _convergence():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    path = os.path.join(ROOT, "benchmarks", "convergence.py")
-    spec = importlib.util.spec_from_file_location("convergence", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(os.path.join(ROOT, "benchmarks", "convergence.py"), "convergence")
 
 
 def test_a_float16_keras_file_loads_into_float32_variables(tmp_path):
