@@ -706,6 +706,10 @@ def run_row(record, row, corpus, args):
         if index < len(stages):
             alive = stages[index]["kept"]
             continue
+        if index == len(rungs) and "winner" in record.data:
+            # Decided once; the winner's run, if it trains again (its
+            # weights lost), trains with the other seeds below.
+            break
         units = [(n, candidates[names.index(n)], first, epochs) for n in alive]
         if not train_all(record, units, row, corpus, args):
             return False

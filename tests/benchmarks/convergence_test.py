@@ -159,11 +159,12 @@ def test_a_run_whose_checkpoint_is_gone_starts_again_and_keeps_what_it_had(
 
 
 def _untested_copy(stopped_and_resumed, tmp, name):
-    """The finished row's results (not its --work-dir) copied to `tmp`, with
-    seed `name`'s tests deleted: a seed trained on a machine that is gone."""
+    """The finished row's results (not its --work-dir) copied to `tmp` (once),
+    with seed `name`'s tests deleted: a seed trained on a machine that is gone."""
     import shutil
 
-    shutil.copytree(stopped_and_resumed[2] / "out", tmp / "out")
+    if not (tmp / "out").exists():
+        shutil.copytree(stopped_and_resumed[2] / "out", tmp / "out")
     path = tmp / "out" / "lstm" / f"{name}.json"
     entry = json.loads(path.read_text())
     del entry["static"], entry["dynamic"]
@@ -185,17 +186,32 @@ def test_a_seed_tests_from_its_kept_float16_weights_when_the_work_dir_is_gone(
         row["runs"][name]["static"]["valid_perplexity"], rel=5e-3)
 
 
-def test_a_seed_whose_weights_are_all_gone_trains_again(
+def test_seeds_whose_weights_are_all_gone_train_again_side_by_side(
         convergence, stopped_and_resumed, row, tmp_path):
-    name = row["winner"]
-    entry = _untested_copy(stopped_and_resumed, tmp_path, name)
-    os.remove(tmp_path / "out" / "lstm" / "weights" / f"{name}.float16.npz")
-    again = _run(convergence, tmp_path, "--resume")["runs"][name]
-    attempts = again["earlier_attempts"]
-    assert attempts[-1]["epochs"] == entry["epochs"] and "lost" in attempts[-1]["why"]
-    assert len(again["epochs"]) == len(entry["epochs"])  # trained again, to its end
-    assert again["static"]["weights"] == again["weights"]  # the new float32 file
-    assert math.isfinite(again["dynamic"]["test_perplexity"])
+    entries = {}
+    for name in row["seeds"].values():
+        entries[name] = _untested_copy(stopped_and_resumed, tmp_path, name)
+        os.remove(tmp_path / "out" / "lstm" / "weights" / f"{name}.float16.npz")
+    # The winner had started again and trained an epoch when its machine
+    # went too (no checkpoint): its run is unfinished.
+    path = tmp_path / "out" / "lstm" / f"{row['winner']}.json"
+    winner = json.loads(path.read_text())
+    winner["epochs"] = winner["epochs"][:1]
+    winner["converged"] = False
+    path.write_text(json.dumps(winner))
+    again = _run(convergence, tmp_path, "--resume", "--jobs", "2")
+    # The winner stays the winner: its run trains again with the other
+    # seeds, each in a worker, not alone as the final rung once more.
+    assert (again["winner"], again["final_ranking"]) == (row["winner"], row["final_ranking"])
+    for name, entry in entries.items():
+        run = again["runs"][name]
+        attempts = run["earlier_attempts"]
+        kept = entry["epochs"][:1] if name == row["winner"] else entry["epochs"]
+        assert attempts[-1]["epochs"] == kept and attempts[-1]["why"]
+        assert len(run["epochs"]) == len(entry["epochs"])  # trained again, to its end
+        assert " --until " in run["environment"][-1]["command"], name
+        assert run["static"]["weights"] == run["weights"]  # the new float32 file
+        assert math.isfinite(run["dynamic"]["test_perplexity"])
 
 
 def test_plateau_keeps_the_validated_weights_and_stops(convergence, tmp_path):
