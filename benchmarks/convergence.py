@@ -415,9 +415,14 @@ def save_weights(path, arrays):
     os.replace(temporary, path)
 
 
-def load_weights(model, path):
+def read_weights(path):
+    """The arrays `save_weights` wrote to `path`, in order."""
     with np.load(path) as data:
-        arrays = [data[f"w{i}"] for i in range(len(data.files))]
+        return [data[f"w{i}"] for i in range(len(data.files))]
+
+
+def load_weights(model, path):
+    arrays = read_weights(path)
     if len(arrays) != len(model.weights):
         raise ValueError(
             f"Expected {len(model.weights)} weights in {path}. Received: {len(arrays)}"
@@ -451,8 +456,7 @@ def keep_weights(record, name):
     entry = record.run(name)
     path = kept_weights_path(record, name)
     if not os.path.exists(path):
-        with np.load(os.path.join(REPOSITORY, entry["weights"])) as data:
-            arrays = [data[f"w{i}"] for i in range(len(data.files))]
+        arrays = read_weights(os.path.join(REPOSITORY, entry["weights"]))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         save_weights(path, [a.astype("float16") if a.dtype == np.float32 else a
                             for a in arrays])
@@ -755,8 +759,7 @@ def finish_seed(record, name, row, candidate, corpus, args):
     of its best weights, then its static and dynamic test."""
     if "dynamic" in record.run(name):
         return
-    if record.run(name).get("kept_weights") is None:
-        keep_weights(record, name)
+    keep_weights(record, name)
     evaluate_run(record, name, row, candidate, corpus, args)
     dynamic_run(record, name, row, candidate, corpus, args)
 
@@ -770,12 +773,7 @@ def save_best_seed(record, row, candidate, corpus):
     path = os.path.join(record.run_dir, "best_model.keras")
     if record.data.get("model", {}).get("run") == best and os.path.exists(path):
         return
-    model_config, training = run_config(row, candidate, record.data["settings"])
-    model = lm.build_language_model(
-        len(corpus.vocabulary), model_config, training["batch_size"],
-        vocabulary=corpus.vocabulary,
-    )
-    load_weights(model, weights_file(record, best))
+    model, _, _ = best_model(record, best, row, candidate, corpus, compiled=False)
     save_float16_model(model, path)
     record.data["model"] = {
         "path": os.path.relpath(path, REPOSITORY), "run": best,
@@ -811,16 +809,17 @@ def worker(record, row, corpus, args):
         finish_seed(record, args.run, row, candidate, corpus, args)
 
 
-def best_model(record, name, row, candidate, corpus):
-    """A compiled model holding a run's best-validated weights, and its
-    training settings, and the file it was read from."""
+def best_model(record, name, row, candidate, corpus, compiled=True):
+    """A model holding a run's best-validated weights (compiled unless
+    `compiled=False`), its training settings, and the file it was read from."""
     entry = record.run(name)
     model_config, training = run_config(row, candidate, record.data["settings"])
     model = lm.build_language_model(
         len(corpus.vocabulary), model_config, training["batch_size"],
         vocabulary=corpus.vocabulary,
     )
-    lm.compile_language_model(model, training)
+    if compiled:
+        lm.compile_language_model(model, training)
     path = weights_file(record, name)
     if path is None:
         raise FileNotFoundError(
@@ -1026,10 +1025,7 @@ def plot(output, path):
         raise ValueError(f"Expected a row's JSON in {output}. Received: none")
     figure, axes = plt.subplots(1, len(rows), figsize=(6.5 * len(rows), 4.5), squeeze=False)
     for axis, data in zip(axes[0], rows):
-        seeds = set((data.get("seeds") or {}).values())
-        if "winner" in data:
-            seeds.add(data["winner"])
-        seeds.update(n for n in data["runs"] if n.startswith("seed"))
+        seeds = {data.get("winner")} | {n for n in data["runs"] if n.startswith("seed")}
         for index, (name, entry) in enumerate(sorted(data["runs"].items())):
             color = f"C{index % 10}"
             seed = name in seeds
