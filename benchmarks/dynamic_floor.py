@@ -15,7 +15,8 @@ RLSTM and the Mogrifier RLSTM, 2 × 256, V = 10k, batch 1, segments of 5,
 stream): the copy bandwidth (NumPy copying a 256 MiB float32 array, the
 best of 5; bytes read plus written per second, in that process), the warm
 static and dynamic times of the whole stream (median of `--repeats` after a
-warm-up), per segment; the adapted parameters; the floor and the ratio.
+warm-up), per segment; the adapted parameters; the floor and the ratio; the
+backend's thread settings (`keras_mogrifier.backend.thread_settings()`).
 
 On PyTorch the same dynamic evaluation is also run by a bare loop with
 nothing of Keras around it (`bare_adaptation`: `torch_eager_floor.py`'s
@@ -112,8 +113,10 @@ def worker(args):
     import numpy as np
 
     from keras_mogrifier import DynamicEvaluator
+    from keras_mogrifier import backend as km_backend
 
     backend = keras.backend.backend()
+    threads = km_backend.thread_settings()
     bandwidth = copy_bandwidth()
     stream = per_backend.zipf_stream(args)
     segments = -(-(len(stream) - 1) // 5)
@@ -155,6 +158,7 @@ def worker(args):
             "memory_floor_ms_per_segment": 1000 * memory,
             "floor_ms_per_segment": 1000 * floor,
             "ratio_to_floor": times["dynamic"] / floor,
+            "threads": threads,
         }
         if bare:
             row.update(bare)
@@ -169,7 +173,8 @@ def worker(args):
         print(f"{backend} {name}: dynamic {row['dynamic_ms_per_segment']:.3f} ms/segment, "
               f"floor {row['floor_ms_per_segment']:.3f} (memory "
               f"{row['memory_floor_ms_per_segment']:.3f} + 3 x static "
-              f"{row['static_ms_per_segment']:.3f}): {row['ratio_to_floor']:.2f}x", flush=True)
+              f"{row['static_ms_per_segment']:.3f}): {row['ratio_to_floor']:.2f}x "
+              f"[{threads['description']}]", flush=True)
     return rows
 
 
