@@ -20,8 +20,10 @@ cheap one; a candidate the first cut drops is reported with its curve.
 **Convergence.** An epoch is a pass over the training text (the streams go
 on reading it, the state carried). Training stops when validation perplexity
 has not improved by `MIN_DELTA` for `PATIENCE` epochs (or after `MAX_EPOCHS`,
-which the JSON then says); the best epoch's weights — the long average that
-validation scored — are kept (`best.weights.npz` in the run's folder).
+which the JSON then says); the weights of the epoch with the lowest
+validation perplexity — those validation scored: Two-Tailed Averaging's
+long average once it uses it, the raw weights before — are kept
+(`best.weights.npz` in the run's folder).
 
 **Seeds.** Every candidate trains with seed 1 (the same initial weights and
 dropout draws); the winner's seed-1 run is its first seed, seeds 2 and 3 are
@@ -42,7 +44,8 @@ Every finished epoch goes into the row's JSON at once
 it stopped, exactly as the uninterrupted run would have gone. A run whose
 checkpoint is gone (resumed on another machine) trains again from epoch 1;
 the epochs it had recorded stay in its JSON under `earlier_attempts`. One row per
-process: two rows run side by side on two cores.
+process, and one row finished before the next starts (issue 40), in `ROWS`'
+order; `--jobs N` trains N runs of the row at once.
 
     # a row, in the background, resumable (hours to days on a CPU)
     KERAS_BACKEND=jax nohup python benchmarks/convergence.py \\
@@ -75,6 +78,7 @@ import numpy as np  # noqa: E402
 import paper_tables  # noqa: E402
 
 from keras_mogrifier.backend import get_backend_module  # noqa: E402
+from keras_mogrifier.callbacks import TwoTailedAveraging  # noqa: E402
 from keras_mogrifier.data import load_corpus  # noqa: E402
 from keras_mogrifier.data import synthetic_corpus  # noqa: E402
 from keras_mogrifier.evaluation import DivergenceError  # noqa: E402
@@ -246,6 +250,12 @@ def data_hash(data_dir):
     return digest.hexdigest()
 
 
+# What a run's code is: the commit is marked "-dirty" when any of these
+# differs from it.
+COMMIT_PATHS = ("keras_mogrifier", "benchmarks/convergence.py",
+                "benchmarks/paper_tables.py", "benchmarks/_harness.py")
+
+
 def environment():
     """Where a unit ran: commit, versions, device."""
     versions = _harness.versions()
@@ -256,14 +266,22 @@ def environment():
     else:  # TensorFlow: `_harness.versions` lists no devices
         import tensorflow as tf
         device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
+    versions["numpy"] = np.__version__
+    if backend == "jax":
+        import jaxlib
+
+        versions["jaxlib"] = jaxlib.__version__
     found = _harness.machine()
     return {
-        "commit": paper_tables.commit(),
+        "commit": paper_tables.commit(paths=COMMIT_PATHS),
         "backend": backend,
         "versions": versions,
         "device": device,
         "host": found["host"],
+        "processor": found["processor"],
+        "platform": found["platform"],
         "cpu_count": found["cpus"],
+        "cpus_usable": found["cpus_usable"],
     }
 
 
@@ -306,6 +324,12 @@ class RowRecord:
             raise ValueError(
                 f"Expected the row's JSON {path} (written by the process that "
                 "runs the row) for a worker run. Received: no such file"
+            )
+        elif os.path.exists(path):
+            raise ValueError(
+                f"Expected --resume to continue the row recorded in {path} (or "
+                "another --output for a new study). Received: no --resume; "
+                "nothing was changed"
             )
         else:
             self.data = {"settings": settings, "commands": []}
@@ -359,10 +383,15 @@ class Plateau(keras.callbacks.Callback):
     """Keeps the best-validated weights and stops at the plateau.
 
     Put it before `TwoTailedAveraging` in the callbacks: at the end of each
-    epoch's validation it copies the weights validation scored (the long
-    average, loaded there by that callback) and, if the epoch improved the
-    best by `min_delta`, writes them to `path` (atomically). Its counters
-    are saved and restored by a `TrainingCheckpoint`.
+    epoch's validation it copies the weights validation scored (the average
+    that callback loaded, if it uses one) and, if the epoch's validation
+    perplexity is the lowest so far, writes them to `path` (atomically):
+    the kept weights are always those of the best epoch, the one a ranking
+    by the lowest validation perplexity reads. The patience counts epochs
+    since the last improvement of at least `min_delta` (`reference`: the
+    validation perplexity that improvement reached), as Keras's
+    `EarlyStopping` counts them. Its counters are saved and restored by a
+    `TrainingCheckpoint`.
     """
 
     def __init__(self, path, patience, min_delta, on_epoch=None):
@@ -373,16 +402,24 @@ class Plateau(keras.callbacks.Callback):
         self.on_epoch = on_epoch
         self.best = math.inf
         self.best_epoch = None
+        self.reference = math.inf
         self.wait = 0
         self._validated = None
 
     def get_resume_state(self):
-        best = None if math.isinf(self.best) else self.best
-        return {"best": best, "best_epoch": self.best_epoch, "wait": self.wait}, []
+        def finite(value):
+            return None if math.isinf(value) else value
+
+        return {"best": finite(self.best), "best_epoch": self.best_epoch,
+                "reference": finite(self.reference), "wait": self.wait}, []
 
     def set_resume_state(self, state, arrays):
         self.best = math.inf if state["best"] is None else state["best"]
         self.best_epoch = state["best_epoch"]
+        # A checkpoint written before `reference` existed: the best was
+        # updated only by improvements of `min_delta`, so it is the reference.
+        reference = state.get("reference", state["best"])
+        self.reference = math.inf if reference is None else reference
         self.wait = state["wait"]
 
     @property
@@ -395,10 +432,12 @@ class Plateau(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         value = float((logs or {}).get("val_perplexity", math.nan))
-        improved = value < self.best - self.min_delta
+        improved = value < self.best
         if improved:
             save_weights(self.path, self._validated)
-            self.best, self.best_epoch, self.wait = value, epoch, 0
+            self.best, self.best_epoch = value, epoch
+        if value < self.reference - self.min_delta:
+            self.reference, self.wait = value, 0
         elif math.isfinite(value):
             self.wait += 1
         if self.on_epoch is not None:
@@ -440,7 +479,7 @@ def start_again(entry, why):
         "epochs", "best_valid_perplexity", "best_epoch", "converged",
         "stopped_at_max_epochs") if key in entry}
     attempt["why"] = why
-    attempt["environment"] = list(entry.get("environment", []))
+    attempt["environment"] = entry.pop("environment", [])
     entry.setdefault("earlier_attempts", []).append(attempt)
     entry["epochs"] = []
 
@@ -564,7 +603,11 @@ def train_run(record, name, row, candidate, seed, until, corpus, args):
             "seconds": time.time() - clock["start"],
             "learning_rate": float(keras.ops.convert_to_numpy(
                 model.optimizer.learning_rate)),
-            "tta_long_length": logs.get("tta_long_length"),
+            # Two-Tailed Averaging's state as validation saw it (its own
+            # logs keys are written after this callback's epoch end).
+            "tta_long_length": averaging._counts()[1] if averaging else None,
+            "tta_weights_validated": (
+                ("long" if averaging._use_long() else "raw") if averaging else None),
         })
         entry["epochs"] = epochs
         entry.update(
@@ -593,6 +636,7 @@ def train_run(record, name, row, candidate, seed, until, corpus, args):
         training, checkpoint, valid_data, resume=resume,
         checkpoint_every_steps=args.checkpoint_every,
     )
+    averaging = next((c for c in callbacks if isinstance(c, TwoTailedAveraging)), None)
     log(f"{row['name']} {name}: {'resumed' if resume else 'started'}, "
         f"to epoch {until} or its plateau")
     model.fit(
@@ -692,11 +736,24 @@ def candidate_names(count):
     return [f"candidate{i + 1}" for i in range(count)]
 
 
+def row_candidates(record):
+    """The row's candidates, drawn again; those it recorded, if any, must be
+    the same (a row is never continued with other candidates)."""
+    candidates = latin_hypercube(
+        RANGES, record.data["settings"]["candidates"], CANDIDATE_SEED, LOG_SCALE
+    )
+    recorded = record.data.get("candidates")
+    if recorded is not None and recorded != json.loads(json.dumps(candidates)):
+        raise ValueError(
+            f"Expected the candidates recorded in {record.path} to be drawn again "
+            f"the same. Received: {candidates} against the recorded {recorded}"
+        )
+    return candidates
+
+
 def run_row(record, row, corpus, args):
     settings = record.data["settings"]
-    candidates = latin_hypercube(
-        RANGES, settings["candidates"], CANDIDATE_SEED, LOG_SCALE
-    )
+    candidates = row_candidates(record)
     record.data["candidates"] = candidates
     record.save()  # a row stopped before its first cut still names its candidates
     names = candidate_names(len(candidates))
@@ -718,14 +775,24 @@ def run_row(record, row, corpus, args):
         if not train_all(record, units, row, corpus, args):
             return False
         ranked = best_of(alive, record, epochs)
+        # The values the cut was made on (a run that trains again later
+        # changes its own record, not these).
+        values = {n: best_at(record.run(n), epochs) for n in ranked}
         if index < len(rungs):
             kept = ranked[: max(1, len(ranked) // 2)]
-            stages.append({"epochs": epochs, "ranked": ranked, "kept": kept})
+            stages.append({"epochs": epochs, "ranked": ranked, "kept": kept,
+                           "best_valid_perplexity": values})
             alive = kept
         else:
             record.data["winner"] = ranked[0]
             record.data["final_ranking"] = ranked
+            record.data["final_best_valid_perplexity"] = values
         record.save()
+        winner = record.data.get("winner")
+        if winner and os.path.isfile(os.path.join(REPOSITORY, record.run(winner)["weights"])):
+            # Its best weights kept at once (float16, with the results): the
+            # seeds that follow take days, and --work-dir may go before.
+            keep_weights(record, winner)
     winner = record.data["winner"]
     candidate = candidates[names.index(winner)]
     seeds = {first: winner}
@@ -743,10 +810,13 @@ def run_row(record, row, corpus, args):
             record.save_run(name)
             log(f"{row['name']} {name}: its best weights are gone; it trains again")
     units = [(n, candidate, s, settings["max_epochs"]) for s, n in seeds.items()]
-    if not train_all(record, units, row, corpus, args):
-        return False
-    for name in seeds.values():
-        finish_seed(record, name, row, candidate, corpus, args)
+    # In this process, each seed is tested as soon as it ends; workers test
+    # their own (`worker`).
+    for batch in ([[u] for u in units] if args.jobs <= 1 else [units]):
+        if not train_all(record, batch, row, corpus, args):
+            return False
+        for name, *_ in batch:
+            finish_seed(record, name, row, candidate, corpus, args)
     save_best_seed(record, row, candidate, corpus)
     summarise(record)
     record.data["complete"] = True
@@ -1127,6 +1197,7 @@ def main(argv=None):
     if args.run is not None:
         worker(record, row, corpus, args)
         return 0
+    row_candidates(record)  # before anything is written
     record.data["commands"].append({
         "command": args.command,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -275,15 +275,15 @@ class Study(_harness.Record):
         return row
 
 
-def commit():
+def commit(paths=("keras_mogrifier", "benchmarks/paper_tables.py")):
+    """HEAD's commit, with "-dirty" where any of `paths` differs from it."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPOSITORY, capture_output=True,
             text=True, check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "keras_mogrifier",
-             "benchmarks/paper_tables.py"],
+            ["git", "status", "--porcelain", "--", *paths],
             cwd=REPOSITORY, capture_output=True, text=True, check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):

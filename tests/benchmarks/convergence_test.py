@@ -82,6 +82,10 @@ def test_halving_keeps_the_better_half_and_the_winner_has_every_seed(row):
         return min(e["valid_perplexity"] for e in runs[name]["epochs"][:epochs])
 
     assert [best(n, 1) for n in first["ranked"]] == sorted(best(n, 1) for n in first["ranked"])
+    # Each cut records the values it was made on.
+    assert first["best_valid_perplexity"] == {n: best(n, 1) for n in first["ranked"]}
+    assert row["final_best_valid_perplexity"] == {
+        n: best(n, 3) for n in row["final_ranking"]}
     assert first["kept"] == first["ranked"][:2] and second["ranked"] == sorted(
         first["kept"], key=lambda n: best(n, 2)
     )
@@ -120,6 +124,15 @@ def test_halving_keeps_the_better_half_and_the_winner_has_every_seed(row):
             assert data["w0"].dtype == np.float16
     # The same candidates for every row: the draw depends on the seed only.
     assert row["candidates"][0] == runs["candidate1"]["hyperparameters"]
+    # Every epoch says what Two-Tailed Averaging validated; every run where
+    # it ran.
+    for run in runs.values():
+        for epoch in run["epochs"]:
+            assert epoch["tta_weights_validated"] in ("raw", "long")
+            assert epoch["tta_long_length"] >= 0
+        environment = run["environment"][-1]
+        assert environment["processor"] and environment["platform"]
+        assert {"numpy", "jaxlib", "jax", "keras"} <= set(environment["versions"])
 
 
 def test_a_stopped_row_resumes_where_it_stopped(convergence, stopped_and_resumed):
@@ -156,6 +169,56 @@ def test_a_run_whose_checkpoint_is_gone_starts_again_and_keeps_what_it_had(
     assert [a["epochs"] for a in attempts] == [run["epochs"]]
     assert "trained again" in attempts[0]["why"]
     assert len(again["runs"][name]["epochs"]) == 2  # from epoch 1 again
+
+
+def test_the_winner_is_kept_before_its_seeds_train_and_a_row_is_never_overwritten(
+        convergence, tmp_path, monkeypatch):
+    """Its best weights are copied (float16, with the results) as soon as
+    the final rung names it, not after the other seeds' days of training; a
+    recorded row is continued only with --resume, and with the candidates
+    it recorded."""
+    # Every candidate's rungs and the final rung (4 + 2 + 1 epochs), no winner yet.
+    _run(convergence, tmp_path, "--stop-after-units", "7")
+    path = tmp_path / "out" / "lstm.json"
+    recorded = path.read_bytes()
+    with pytest.raises(ValueError, match="Expected --resume"):
+        _run(convergence, tmp_path)
+    assert path.read_bytes() == recorded
+    data = json.loads(recorded)
+    data["candidates"][0]["learning_rate"] *= 2
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="candidates recorded"):
+        _run(convergence, tmp_path, "--resume")
+    path.write_bytes(recorded)
+    # The seeds' training (in workers) stops before it starts.
+    original = convergence.train_all
+
+    def no_seeds(record, units, row, corpus, args):
+        if any(name.startswith("seed") for name, *_ in units):
+            return False
+        return original(record, units, row, corpus, args)
+
+    monkeypatch.setattr(convergence, "train_all", no_seeds)
+    row = _run(convergence, tmp_path, "--resume", "--jobs", "2")
+    winner = row["runs"][row["winner"]]
+    assert "static" not in winner  # not tested yet: that waits for the seeds
+    kept = os.path.join(ROOT, winner["kept_weights"])
+    assert kept.endswith(f"{row['winner']}.float16.npz")
+    with np.load(kept) as data, np.load(os.path.join(ROOT, winner["weights"])) as full:
+        np.testing.assert_array_equal(data["w0"], full["w0"].astype("float16"))
+
+
+def test_the_best_seeds_saved_model_is_not_git_ignored():
+    import subprocess
+
+    path = "benchmarks/results/convergence/mogrifier_rlstm/best_model.keras"
+    try:
+        found = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+    except OSError:
+        pytest.skip("git is not installed")
+    if found.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert found.returncode == 1, f"{path} is ignored by .gitignore"
 
 
 def _untested_copy(stopped_and_resumed, tmp, name):
@@ -227,14 +290,22 @@ def test_plateau_keeps_the_validated_weights_and_stops(convergence, tmp_path):
         model.stop_training = False
         plateau.on_epoch_end(epoch, {"val_perplexity": value})
         seen.append((plateau.best_epoch, plateau.wait, model.stop_training))
-    # 8.8 and 8.7 are within 0.5 of 9.0: no improvement; the second stops.
-    assert seen[:4] == [(0, 0, False), (1, 0, False), (1, 1, False), (1, 2, True)]
+        if epoch == 3:
+            with np.load(path) as saved:
+                kept_at_stop = saved["w0"].copy()
+    # 8.8 and 8.7 are within 0.5 of 9.0: they count towards the patience (the
+    # second stops), but each is the best so far, and its weights are kept.
+    assert seen[:4] == [(0, 0, False), (1, 0, False), (2, 1, False), (3, 2, True)]
+    assert np.all(kept_at_stop == 3.0)
     with np.load(path) as saved:
         assert np.all(saved["w0"] == 4.0)  # epoch 4 improved again (7.0)
     state, _ = plateau.get_resume_state()
     other = convergence.Plateau(path, patience=2, min_delta=0.5)
     other.set_resume_state(state, [])
-    assert (other.best, other.best_epoch, other.wait) == (7.0, 4, 0)
+    assert (other.best, other.best_epoch, other.reference, other.wait) == (7.0, 4, 7.0, 0)
+    # A checkpoint written before the reference was kept: its best is it.
+    other.set_resume_state({"best": 9.0, "best_epoch": 1, "wait": 1}, [])
+    assert (other.best, other.reference, other.wait) == (9.0, 9.0, 1)
 
 
 class _FakeEvaluator:
