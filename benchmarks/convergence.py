@@ -11,10 +11,10 @@ rate (Circling Back §5) — until validation stops improving.
 **Tuning, the same for every cell.** `CANDIDATES` settings of the learning
 rate and the four dropout rates, drawn once by Latin hypercube sampling from
 `RANGES` (the same settings for every cell: the same search). Successive
-halving on validation perplexity of the averaged weights: all candidates
-train `RUNGS[0]` epochs, the better half goes on to `RUNGS[1]`, the better
-half of those trains to its plateau, and the better of those two at its
-plateau wins — the last ranking is at the full budget. The first cut is the
+halving on validation perplexity (of the weights the averaging uses): all
+candidates train `RUNGS[0]` epochs, the better half goes on to
+`RUNGS[1]`, the better half of those trains to its plateau, and the better
+of those two at its plateau wins — the last ranking is at the full budget. The first cut is the
 cheap one; a candidate the first cut drops is reported with its curve.
 
 **Convergence.** An epoch is a pass over the training text (the streams go
@@ -1115,7 +1115,7 @@ def plot(output, path):
         axis.set_yticks(ticks, [str(t) for t in ticks])
         axis.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         axis.set_xlabel("epoch")
-        axis.set_ylabel("validation perplexity (averaged weights)")
+        axis.set_ylabel("validation perplexity (the weights validated)")
         axis.set_title(f"{data['row']} ({data['params']:,} parameters); thick: the "
                        "winner's seeds, dashed: earlier attempts", fontsize=9)
         axis.grid(True, which="both", alpha=0.3)
