@@ -788,12 +788,11 @@ def run_row(record, row, corpus, args):
             record.data["winner"] = ranked[0]
             record.data["final_ranking"] = ranked
             record.data["final_best_valid_perplexity"] = values
+            if os.path.isfile(os.path.join(REPOSITORY, record.run(ranked[0])["weights"])):
+                # Its best weights kept at once (float16, with the results):
+                # the seeds that follow take days, and --work-dir may go before.
+                keep_weights(record, ranked[0])
         record.save()
-        winner = record.data.get("winner")
-        if winner and os.path.isfile(os.path.join(REPOSITORY, record.run(winner)["weights"])):
-            # Its best weights kept at once (float16, with the results): the
-            # seeds that follow take days, and --work-dir may go before.
-            keep_weights(record, winner)
     winner = record.data["winner"]
     candidate = candidates[names.index(winner)]
     seeds = {first: winner}
