@@ -13,22 +13,26 @@ rate and the four dropout rates, drawn once by Latin hypercube sampling from
 `RANGES` (the same settings for every cell: the same search). Successive
 halving on validation perplexity (of the weights the averaging uses): all
 candidates train `RUNGS[0]` epochs, the better half goes on to
-`RUNGS[1]`, the better half of those trains to its plateau, and the better
-of those two at its plateau wins — the last ranking is at the full
-budget. The first cut is the cheap one; a candidate the first cut drops is
+`RUNGS[1]`, the better half of those trains to its plateau or
+`MAX_EPOCHS`, and the better of those two there wins — the last ranking is
+at half the seeds' budget. The first cut is the cheap one; a candidate the first cut drops is
 reported with its curve.
 
 **Convergence.** An epoch is a pass over the training text (the streams go
 on reading it, the state carried). Training stops when validation perplexity
-has not improved by `MIN_DELTA` for `PATIENCE` epochs (or after `MAX_EPOCHS`,
-which the JSON then says); the weights of the epoch with the lowest
+has not improved by `MIN_DELTA` for `PATIENCE` epochs, or at the run's cap,
+which the JSON then says (`stopped_at_max_epochs`): `MAX_EPOCHS` for the
+final ranking, `SEED_CAP_FACTOR` times that for the winner's seeds, so that
+the final ranking is at half the seeds' budget and the plateau rule, not
+the cap, ends them; the weights of the epoch with the lowest
 validation perplexity — those validation scored: Two-Tailed Averaging's
 long average once it uses it, the raw weights before — are kept
 (`best.weights.npz` in the run's folder).
 
 **Seeds.** Every candidate trains with seed 1 (the same initial weights and
-dropout draws); the winner's seed-1 run is its first seed, seeds 2 and 3 are
-trained from scratch. The first seed was selected on its own validation
+dropout draws); the winner's seed-1 run is its first seed (it goes on from
+its last ranked epoch to its plateau or the seeds' cap), seeds 2 and 3
+are trained from scratch. The first seed was selected on its own validation
 curve (test never is), which the docs say beside the spread. A seed is
 tested as soon as its training ends (static, then dynamic evaluation), and
 its best weights are copied in float16 to `<output>/<row>/weights/` — kept
@@ -98,7 +102,15 @@ CANDIDATE_SEED = 40  # the Latin hypercube's seed: the same draw for every row
 RUNGS = (6, 12)  # successive halving: epochs at the first and second cut
 PATIENCE = 3  # epochs without an improvement of MIN_DELTA: the plateau
 MIN_DELTA = 0.1  # validation perplexity
-MAX_EPOCHS = 80
+MAX_EPOCHS = 80  # the final ranking's budget
+# The seeds' cap: twice the final ranking's budget. Raised from 80 (the
+# same cap for both) on 2026-11-30, before any seed had finished: both LSTM
+# finalists were still improving by 0.05 an epoch at 80 (candidate 6's last
+# ten epochs 0.049 an epoch, candidate 5's 0.054), so the cap, not the
+# plateau rule, would have ended every seed. Extrapolated from their epochs
+# 30–80, the rate falls below the rule's 0.1 in 3 epochs at about epoch
+# 95–105.
+SEED_CAP_FACTOR = 2
 SEEDS = (1, 2, 3)
 # The searched ranges contain the published settings: the Mogrifier paper's
 # released PTB configuration (lr 2.3e-3; dropout input/inter-layer/state/
@@ -130,7 +142,9 @@ DYNAMIC_SLICE_TOKENS = 20_000
 DYNAMIC_SEPARATION = 2.0
 DYNAMIC_BLOCK = 500
 BATCH_SIZE = 32  # as the 5-epoch study (issue 28)
-ADDED_SETTINGS = ("dynamic_evaluation",)
+# Settings added to the study after rows had started: a row recorded
+# without one takes on the command's value.
+ADDED_SETTINGS = ("dynamic_evaluation", "seed_max_epochs")
 SEQUENCE_LENGTH = 35
 AVERAGING_FREQUENCY = 1000  # Two-Tailed Averaging's E (Circling Back §5)
 
@@ -165,6 +179,7 @@ def study_settings(args):
         "patience": PATIENCE,
         "min_delta": MIN_DELTA,
         "max_epochs": args.max_epochs,
+        "seed_max_epochs": args.seed_max_epochs,
         "seeds": list(args.seeds),
         "max_tokens": args.max_tokens,
         "dynamic_evaluation": {
@@ -478,7 +493,7 @@ def start_again(entry, why):
     that it trains again from epoch 1."""
     attempt = {key: entry.pop(key) for key in (
         "epochs", "best_valid_perplexity", "best_epoch", "converged",
-        "stopped_at_max_epochs") if key in entry}
+        "stopped_at_max_epochs", "epoch_cap", "kept_weights_epoch") if key in entry}
     attempt["why"] = why
     attempt["environment"] = entry.pop("environment", [])
     entry.setdefault("earlier_attempts", []).append(attempt)
@@ -492,15 +507,19 @@ def kept_weights_path(record, name):
 
 
 def keep_weights(record, name):
-    """Writes the float16 copy of a finished seed's best weights (once)."""
+    """Writes the float16 copy of a run's best weights, again whenever its
+    best epoch has changed since the last copy (the winner goes on training
+    as a seed after the copy made when it won; a run trains again)."""
     entry = record.run(name)
     path = kept_weights_path(record, name)
-    if not os.path.exists(path):
+    epoch = entry.get("best_epoch")
+    if not os.path.exists(path) or entry.get("kept_weights_epoch") != epoch:
         arrays = read_weights(os.path.join(REPOSITORY, entry["weights"]))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         save_weights(path, [a.astype("float16") if a.dtype == np.float32 else a
                             for a in arrays])
     entry["kept_weights"] = os.path.relpath(path, REPOSITORY)
+    entry["kept_weights_epoch"] = epoch
     record.save_run(name)
 
 
@@ -554,12 +573,15 @@ def save_float16_model(model, path):
 
 def weights_file(record, name):
     """A seed's best weights: the float32 file of its run if this machine
-    has it, else the committed float16 copy, else None."""
+    has it, else the committed float16 copy if it is of the run's best
+    epoch (not of an epoch before the run went on), else None."""
     entry = record.run(name)
-    for path in (os.path.join(REPOSITORY, entry.get("weights") or ""),
-                 kept_weights_path(record, name)):
-        if os.path.isfile(path):
-            return path
+    full = os.path.join(REPOSITORY, entry.get("weights") or "")
+    if os.path.isfile(full):
+        return full
+    kept = kept_weights_path(record, name)
+    if os.path.isfile(kept) and entry.get("kept_weights_epoch") == entry.get("best_epoch"):
+        return kept
     return None
 
 
@@ -644,8 +666,12 @@ def train_run(record, name, row, candidate, seed, until, corpus, args):
         train_data, validation_data=valid_data, epochs=until, shuffle=False,
         callbacks=callbacks, verbose=0,
     )
-    if len(entry["epochs"]) >= settings["max_epochs"] and not entry.get("converged"):
-        entry["stopped_at_max_epochs"] = True
+    # Stopped by its cap (the final ranking's or a seed's), not the plateau
+    # rule; a finalist that goes on as a seed is read again after that.
+    entry["epoch_cap"] = until
+    entry["stopped_at_max_epochs"] = (
+        until >= settings["max_epochs"] and len(entry["epochs"]) >= until
+        and not entry.get("converged"))
     record.save_run(name)
     return entry
 
@@ -714,6 +740,7 @@ def worker_argv(args):
     argv = ["--row", args.row, "--output", args.output, "--work-dir", args.work_dir,
             "--checkpoint-every", str(args.checkpoint_every),
             "--parameters", str(args.parameters), "--max-epochs", str(args.max_epochs),
+            "--seed-max-epochs", str(args.seed_max_epochs),
             "--candidates", str(args.candidates), "--batch-size", str(args.batch_size),
             "--bptt", str(args.bptt), "--seeds"] + [str(s) for s in args.seeds]
     argv += ["--rungs"] + [str(r) for r in args.rungs]
@@ -801,7 +828,7 @@ def run_row(record, row, corpus, args):
     record.save()
     for name in seeds.values():
         entry = record.run(name)
-        if (_done(entry, settings["max_epochs"]) and "dynamic" not in entry
+        if (_done(entry, seed_cap(settings)) and "dynamic" not in entry
                 and weights_file(record, name) is None):
             # Its best weights were in the ignored --work-dir only, and went
             # with it before the seed was tested: it trains again.
@@ -809,7 +836,7 @@ def run_row(record, row, corpus, args):
                         "its test evaluation: trained again from epoch 1")
             record.save_run(name)
             log(f"{row['name']} {name}: its best weights are gone; it trains again")
-    units = [(n, candidate, s, settings["max_epochs"]) for s, n in seeds.items()]
+    units = [(n, candidate, s, seed_cap(settings)) for s, n in seeds.items()]
     # In this process, each seed is tested as soon as it ends; workers test
     # their own (`worker`).
     for batch in ([[u] for u in units] if args.jobs <= 1 else [units]):
@@ -822,6 +849,12 @@ def run_row(record, row, corpus, args):
     record.data["complete"] = True
     record.save()
     return True
+
+
+def seed_cap(settings):
+    """The seeds' epoch cap (`max_epochs` in a row recorded before there
+    was a separate one)."""
+    return settings.get("seed_max_epochs", settings["max_epochs"])
 
 
 def finish_seed(record, name, row, candidate, corpus, args):
@@ -873,9 +906,9 @@ def worker(record, row, corpus, args):
             f"Received: {args.run!r}"
         )
     entry = train_run(record, args.run, row, candidate, seed, args.until, corpus, args)
-    max_epochs = record.data["settings"]["max_epochs"]
+    cap = seed_cap(record.data["settings"])
     is_seed = args.run == record.data.get("winner") or args.run.startswith("seed")
-    if is_seed and args.until >= max_epochs and _done(entry, max_epochs):
+    if is_seed and args.until >= cap and _done(entry, cap):
         finish_seed(record, args.run, row, candidate, corpus, args)
 
 
@@ -1135,6 +1168,9 @@ def main(argv=None):
                         help="steps between checkpoints within an epoch")
     parser.add_argument("--parameters", type=int, default=paper_tables.PARAMETERS)
     parser.add_argument("--max-epochs", type=int, default=MAX_EPOCHS)
+    parser.add_argument("--seed-max-epochs", type=int, default=None,
+                        help=f"the seeds' epoch cap (default: {SEED_CAP_FACTOR} × "
+                        "--max-epochs)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--candidates", type=int, default=CANDIDATES)
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE)
@@ -1165,6 +1201,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if (args.run is None) != (args.until is None):
         parser.error("--run and --until go together (a worker's run)")
+    if args.seed_max_epochs is None:
+        args.seed_max_epochs = SEED_CAP_FACTOR * args.max_epochs
+    if args.seed_max_epochs < args.max_epochs:
+        raise ValueError(
+            f"Expected --seed-max-epochs of at least --max-epochs ({args.max_epochs}: "
+            f"the seeds go on from the final ranking). Received: {args.seed_max_epochs}")
     if args.table:
         print(table(args.output))
         return 0

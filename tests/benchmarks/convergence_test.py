@@ -14,10 +14,10 @@ from testing import load_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A tiny row on the embedded corpus: 4 candidates, cuts after epochs 1 and 2,
-# at most 3 epochs, seeds 1 and 2.
+# the final ranking at 3 epochs, seeds 1 and 2 to at most 4.
 SETTINGS = [
     "--row", "lstm", "--parameters", "20000", "--candidates", "4", "--rungs", "1", "2",
-    "--max-epochs", "3", "--seeds", "1", "2", "--max-tokens", "1200",
+    "--max-epochs", "3", "--seed-max-epochs", "4", "--seeds", "1", "2", "--max-tokens", "1200",
     "--batch-size", "4", "--bptt", "10", "--checkpoint-every", "7",
     "--dynamic-learning-rates", "1e-4", "1e-3", "--dynamic-decay-rates", "1e-3", "1e-2",
     "--dynamic-slice-tokens", "100", "--dynamic-statistics-batches", "2",
@@ -90,10 +90,17 @@ def test_halving_keeps_the_better_half_and_the_winner_has_every_seed(row):
         first["kept"], key=lambda n: best(n, 2)
     )
     assert second["kept"] == second["ranked"][:1] == [row["winner"]]
-    # The dropped candidates stopped at their cut; the winner went on.
+    # The dropped candidates stopped at their cut; the winner, ranked at 3
+    # epochs, went on with the other seed to the seeds' cap of 4 (or their
+    # plateau), each saying which ended it.
     for name in first["ranked"][2:]:
         assert len(runs[name]["epochs"]) == 1
-    assert len(runs[row["winner"]]["epochs"]) == 3 or runs[row["winner"]]["converged"]
+        assert not runs[name]["stopped_at_max_epochs"]
+    for name in (row["winner"], "seed2"):
+        run = runs[name]
+        assert run["epoch_cap"] == 4
+        assert len(run["epochs"]) == 4 or run["converged"]
+        assert run["stopped_at_max_epochs"] == (not run["converged"])
     assert row["seeds"] == {"1": row["winner"], "2": "seed2"}
     assert runs["seed2"]["hyperparameters"] == runs[row["winner"]]["hyperparameters"]
     for name in row["seeds"].values():
@@ -154,6 +161,26 @@ def test_a_stopped_row_resumes_where_it_stopped(convergence, stopped_and_resumed
         _run(convergence, tmp, "--resume", "--max-epochs", "4")
 
 
+def test_a_row_recorded_before_the_seeds_cap_takes_it_on(convergence, tmp_path):
+    """The seeds' cap was added while the LSTM row trained: a row recorded
+    without it takes on the command's, and a cap below the final ranking's
+    is refused."""
+    path = str(tmp_path / "row.json")
+    settings = {"max_epochs": 80, "seed_max_epochs": 160, "patience": 3}
+    old = {k: v for k, v in settings.items() if k != "seed_max_epochs"}
+    convergence.RowRecord(path, old, resume=False).save()
+    record = convergence.RowRecord(path, settings, resume=True)
+    assert record.data["settings"] == settings
+    record.save()
+    assert convergence.seed_cap(old) == 80 and convergence.seed_cap(settings) == 160
+    with pytest.raises(ValueError, match="different values for: \\['seed_max_epochs'\\]"):
+        convergence.RowRecord(path, dict(settings, seed_max_epochs=120), resume=True)
+    with pytest.raises(ValueError, match="--seed-max-epochs of at least --max-epochs"):
+        convergence.main(["--row", "lstm", "--max-epochs", "5", "--seed-max-epochs", "4",
+                          "--output", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_run_whose_checkpoint_is_gone_starts_again_and_keeps_what_it_had(
         convergence, tmp_path):
     """A run resumed on a machine without its checkpoint trains again from
@@ -202,6 +229,9 @@ def test_the_winner_is_kept_before_its_seeds_train_and_a_row_is_never_overwritte
     row = _run(convergence, tmp_path, "--resume", "--jobs", "2")
     winner = row["runs"][row["winner"]]
     assert "static" not in winner  # not tested yet: that waits for the seeds
+    # Ranked at the final ranking's budget (3 epochs), not the seeds' cap.
+    assert winner["epoch_cap"] == 3
+    assert len(winner["epochs"]) == 3 or winner["converged"]
     kept = os.path.join(ROOT, winner["kept_weights"])
     assert kept.endswith(f"{row['winner']}.float16.npz")
     with np.load(kept) as data, np.load(os.path.join(ROOT, winner["weights"])) as full:
@@ -247,6 +277,24 @@ def test_a_seed_tests_from_its_kept_float16_weights_when_the_work_dir_is_gone(
     # float16 weights: the same validation perplexity to a few parts in 1,000.
     assert again["static"]["valid_perplexity"] == pytest.approx(
         row["runs"][name]["static"]["valid_perplexity"], rel=5e-3)
+
+
+def test_a_kept_copy_older_than_the_best_epoch_is_not_tested(
+        convergence, stopped_and_resumed, row, tmp_path):
+    """The winner's float16 copy is made when it wins and again whenever its
+    best epoch changes; a copy of an earlier epoch (its machine went before
+    the copy was renewed) is not what the seed's test reads: it trains again."""
+    name = row["winner"]
+    entry = _untested_copy(stopped_and_resumed, tmp_path, name)
+    assert entry["kept_weights_epoch"] == entry["best_epoch"]
+    entry["kept_weights_epoch"] -= 1
+    (tmp_path / "out" / "lstm" / f"{name}.json").write_text(json.dumps(entry))
+    again = _run(convergence, tmp_path, "--resume")["runs"][name]
+    assert [a["epochs"] for a in again["earlier_attempts"]] == [entry["epochs"]]
+    # The old copy belonged to the attempt that is over.
+    assert again["earlier_attempts"][0]["kept_weights_epoch"] == entry["kept_weights_epoch"]
+    assert again["kept_weights_epoch"] == again["best_epoch"]
+    assert again["static"]["weights"] == again["weights"]  # its float32 file
 
 
 def test_seeds_whose_weights_are_all_gone_train_again_side_by_side(
