@@ -56,7 +56,8 @@ order; `--jobs N` trains N runs of the row at once.
     KERAS_BACKEND=jax nohup python benchmarks/convergence.py \\
         --data-dir ../shared/data/ptb --row lstm --resume \\
         > runs/convergence_lstm.log 2>&1 &
-    # the table of every row so far, and every run's validation curve
+    # the tables (finished rows over their seeds, every candidate's ranks,
+    # every run), and every run's validation curve
     python benchmarks/convergence.py --table
     python benchmarks/convergence.py --plot docs/convergence_curves.png
 
@@ -1095,21 +1096,80 @@ def summarise(record):
 # === Table ===
 
 
+def _spread(values):
+    """`mean ± sd (v1, v2, …)` of a row's per-seed figures."""
+    values = [float(v) for v in values]
+    mean = float(np.mean(values))
+    sd = f" ± {float(np.std(values, ddof=1)):.2f}" if len(values) > 1 else ""
+    return f"{mean:.2f}{sd} ({', '.join(f'{v:.2f}' for v in values)})"
+
+
 def table(output):
+    """Markdown tables of every row in `output`: the finished rows' figures
+    over their seeds, every candidate's ranks at each cut, and every run."""
+    rows = [load_row(os.path.join(output, name)) for name in sorted(os.listdir(output))
+            if name.endswith(".json")] if os.path.isdir(output) else []
+    parts = []
+    finished = [data for data in rows if data.get("complete")]
+    if finished:
+        lines = ["| row | params | seeds | epochs (best epoch) | valid | test | "
+                 "test, one stream | dynamic test | dynamic gain |",
+                 "| --- | ---: | ---: | --- | --- | --- | --- | --- | --- |"]
+        for data in finished:
+            summary = data["summary"]
+            seeds = [data["runs"][n] for n in data["seeds"].values()]
+            epochs = ", ".join(
+                f"{len(s['epochs'])}{'*' if s.get('stopped_at_max_epochs') else ''}"
+                f" ({s['best_epoch']})" for s in seeds)
+            gains = [100 * s["dynamic"]["gain"] for s in seeds]
+            lines.append(
+                f"| {data['row']} | {data['params']:,} | {len(seeds)} | {epochs} | "
+                f"{_spread(summary['valid_perplexity']['values'])} | "
+                f"{_spread(summary['test_perplexity']['values'])} | "
+                f"{_spread(summary['test_perplexity_one_stream']['values'])} | "
+                f"{_spread(summary['dynamic_test_perplexity']['values'])} | "
+                f"{np.mean(gains):.1f} % |")
+        parts.append("\n".join(lines) + "\n\nMean ± standard deviation over the seeds "
+                     "(each seed's value in brackets); * stopped by the seeds' cap, "
+                     "not the plateau; dynamic gain against the one-stream test.")
+    ranked = [data for data in rows if data.get("rungs")]
+    if ranked:
+        lines = ["| row | candidate | learning rate | dropout in / cell out / state / out "
+                 "| ranks at the cuts | final rank |",
+                 "| --- | --- | ---: | --- | --- | --- |"]
+        for data in ranked:
+            names = candidate_names(len(data["candidates"]))
+            for name, candidate in zip(names, data["candidates"]):
+                ranks = ", ".join(
+                    f"{stage['ranked'].index(name) + 1} of {len(stage['ranked'])} "
+                    f"({stage['epochs']} ep.)"
+                    for stage in data["rungs"] if name in stage["ranked"])
+                final = data.get("final_ranking") or []
+                lines.append(
+                    f"| {data['row']} | {name} | {candidate['learning_rate']:.1e} | "
+                    + " / ".join(f"{candidate[k]:.2f}" for k in (
+                        "input_dropout", "cell_output_dropout", "state_dropout",
+                        "output_dropout"))
+                    + f" | {ranks} | "
+                    + (f"{final.index(name) + 1} of {len(final)} "
+                       f"({data['settings']['max_epochs']} ep.)" if name in final else "")
+                    + (" (winner)" if name == data.get("winner") else "") + " |")
+        parts.append("\n".join(lines))
     lines = ["| row | units | params | run | epochs | best epoch | best valid | converged |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for name in sorted(os.listdir(output)) if os.path.isdir(output) else []:
-        if not name.endswith(".json"):
-            continue
-        data = load_row(os.path.join(output, name))
+    for data in rows:
         for run, entry in data["runs"].items():
+            converged = "yes" if entry.get("converged") else (
+                f"no (cap {entry.get('epoch_cap') or data['settings']['max_epochs']})"
+                if entry.get("stopped_at_max_epochs")
+                else "no")
             lines.append(
                 f"| {data['row']} | {data['units']} | {data['params']:,} | {run} | "
                 f"{len(entry['epochs'])} | {entry.get('best_epoch')} | "
-                f"{entry.get('best_valid_perplexity') or math.nan:.2f} | "
-                f"{'yes' if entry.get('converged') else 'no'} |"
+                f"{entry.get('best_valid_perplexity') or math.nan:.2f} | {converged} |"
             )
-    return "\n".join(lines)
+    parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def plot(output, path):

@@ -408,6 +408,35 @@ def test_separation_is_in_standard_errors_of_block_means(convergence):
     assert math.isnan(convergence.separation(best[:150], other[:150], 100))
 
 
+def test_the_table_gives_the_seeds_spread_and_every_candidates_ranks(
+        convergence, stopped_and_resumed, row):
+    text = convergence.table(str(stopped_and_resumed[2] / "out"))
+    lines = text.splitlines()
+    (line,) = [l for l in lines if l.startswith(f"| lstm | {row['params']:,} | 2 |")]
+    for key in ("valid_perplexity", "test_perplexity", "test_perplexity_one_stream",
+                "dynamic_test_perplexity"):
+        values = row["summary"][key]["values"]
+        assert (f"{np.mean(values):.2f} ± {np.std(values, ddof=1):.2f} "
+                f"({values[0]:.2f}, {values[1]:.2f})") in line, key
+    seeds = [row["runs"][n] for n in row["seeds"].values()]
+    assert ", ".join(f"{len(s['epochs'])}{'*' if s['stopped_at_max_epochs'] else ''} "
+                     f"({s['best_epoch']})" for s in seeds) in line
+    gain = np.mean([100 * s["dynamic"]["gain"] for s in seeds])
+    assert line.endswith(f"| {gain:.1f} % |")
+    # Each candidate's rank at each cut it reached; the winner's final rank.
+    first, second = row["rungs"]
+    for name in first["ranked"]:
+        (ranks,) = [l for l in lines if l.startswith(f"| lstm | {name} |")]
+        assert f"| {first['ranked'].index(name) + 1} of 4 (1 ep.)" in ranks
+        if name in second["ranked"]:
+            assert f", {second['ranked'].index(name) + 1} of 2 (2 ep.) |" in ranks
+        else:
+            assert "(2 ep.)" not in ranks
+        assert ranks.endswith("| 1 of 1 (3 ep.) (winner) |") == (name == row["winner"])
+    # And every run, each once.
+    assert sum(l.startswith(f"| lstm | {row['units']} |") for l in lines) == len(row["runs"])
+
+
 def test_plot_draws_every_row_and_needs_one(convergence, stopped_and_resumed, tmp_path):
     path = tmp_path / "curves.png"
     convergence.main(["--output", str(stopped_and_resumed[2] / "out"), "--plot", str(path)])
