@@ -1174,7 +1174,8 @@ def table(output):
 
 def plot(output, path):
     """Every run's validation curve, one panel per row, to `path` (PNG):
-    the candidates thin, the winner's seeds thick, the cuts dotted, and a
+    the candidates thin, the winner's seeds thick, the cuts and the final
+    ranking dotted, and a
     run's earlier attempts (trained on a machine that is gone) dashed."""
     import matplotlib
 
@@ -1202,6 +1203,8 @@ def plot(output, path):
                           lw=2.0 if seed else 0.9, label=name)
         for stage in data.get("rungs", []):
             axis.axvline(stage["epochs"], color="0.6", ls=":", lw=0.8)
+        if "winner" in data:  # the final ranking; the seeds go on to their plateau
+            axis.axvline(data["settings"]["max_epochs"], color="0.6", ls=":", lw=0.8)
         axis.set_yscale("log")
         axis.set_ylim(70, 300)
         ticks = [70, 80, 90, 100, 120, 150, 200, 300]
