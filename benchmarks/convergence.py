@@ -56,6 +56,8 @@ order; `--jobs N` trains N runs of the row at once.
     KERAS_BACKEND=jax nohup python benchmarks/convergence.py \\
         --data-dir ../shared/data/ptb --row lstm --resume \\
         > runs/convergence_lstm.log 2>&1 &
+    # (with --resume a finished row is passed over, so a loop over ROWS
+    # continues the study wherever it stands)
     # the tables (finished rows over their seeds, every candidate's ranks,
     # every run), and every run's validation curve
     python benchmarks/convergence.py --table
@@ -1303,6 +1305,11 @@ def main(argv=None):
         worker(record, row, corpus, args)
         return 0
     row_candidates(record)  # before anything is written
+    if record.data.get("complete"):
+        # Nothing to do (the rows run one after another, each with --resume:
+        # a finished row is passed over without a record of the command).
+        log(f"{row['name']}: complete already; nothing to do")
+        return 0
     record.data["commands"].append({
         "command": args.command,
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

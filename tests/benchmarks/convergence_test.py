@@ -151,6 +151,10 @@ def test_a_stopped_row_resumes_where_it_stopped(convergence, stopped_and_resumed
     for name, epochs in trained.items():
         assert resumed["runs"][name]["epochs"][: len(epochs)] == epochs, name
     assert resumed["complete"] and len(resumed["commands"]) == 2
+    # A finished row resumed again is passed over: nothing written.
+    before = {p: p.read_bytes() for p in (tmp / "out").rglob("*") if p.is_file()}
+    _run(convergence, tmp, "--resume")
+    assert {p: p.read_bytes() for p in (tmp / "out").rglob("*") if p.is_file()} == before
     assert not stopped.get("rungs")
     # The other two candidates' first epochs ran in workers (--jobs 2), each
     # recording its own command.
