@@ -15,8 +15,8 @@ halving on validation perplexity (of the weights the averaging uses): all
 candidates train `RUNGS[0]` epochs, the better half goes on to
 `RUNGS[1]`, the better half of those trains to its plateau or
 `MAX_EPOCHS`, and the better of those two there wins — the last ranking is
-at half the seeds' budget. The first cut is the cheap one; a candidate the first cut drops is
-reported with its curve.
+at half the seeds' budget. The first cut is the cheap one; a candidate
+the first cut drops is reported with its curve.
 
 **Convergence.** An epoch is a pass over the training text (the streams go
 on reading it, the state carried). Training stops when validation perplexity
