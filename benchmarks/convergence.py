@@ -854,6 +854,15 @@ def run_row(record, row, corpus, args):
     return True
 
 
+def row_finished(record):
+    """Whether the row is complete and still holds all it was completed
+    with: every seed tested, the best seed's saved model in place."""
+    data = record.data
+    model = os.path.join(REPOSITORY, data.get("model", {}).get("path", ""))
+    return bool(data.get("complete")) and os.path.isfile(model) and all(
+        "dynamic" in record.run(name) for name in data["seeds"].values())
+
+
 def seed_cap(settings):
     """The seeds' epoch cap (`max_epochs` in a row recorded before there
     was a separate one)."""
@@ -1305,7 +1314,7 @@ def main(argv=None):
         worker(record, row, corpus, args)
         return 0
     row_candidates(record)  # before anything is written
-    if record.data.get("complete"):
+    if row_finished(record):
         # Nothing to do (the rows run one after another, each with --resume:
         # a finished row is passed over without a record of the command).
         log(f"{row['name']}: complete already; nothing to do")

@@ -185,6 +185,28 @@ def test_a_row_recorded_before_the_seeds_cap_takes_it_on(convergence, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_row_is_passed_over_only_with_its_seeds_tested_and_its_model(
+        convergence, tmp_path):
+    model = tmp_path / "best_model.keras"
+    runs = {"candidate5": {"dynamic": {}}, "seed2": {"dynamic": {}}}
+
+    class Record:
+        data = {"complete": True, "seeds": {"1": "candidate5", "2": "seed2"},
+                "model": {"path": os.path.relpath(model, ROOT)}}
+
+        def run(self, name):
+            return runs[name]
+
+    assert not convergence.row_finished(Record())  # no saved model
+    model.write_bytes(b"model")
+    assert convergence.row_finished(Record())
+    del runs["seed2"]["dynamic"]  # a seed untested
+    assert not convergence.row_finished(Record())
+    runs["seed2"]["dynamic"] = {}
+    Record.data["complete"] = False
+    assert not convergence.row_finished(Record())
+
+
 def test_a_run_whose_checkpoint_is_gone_starts_again_and_keeps_what_it_had(
         convergence, tmp_path):
     """A run resumed on a machine without its checkpoint trains again from
