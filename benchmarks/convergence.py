@@ -1107,6 +1107,14 @@ def summarise(record):
 # === Table ===
 
 
+def load_rows(output):
+    """Every row's JSON in `output` (`load_row`), by name."""
+    if not os.path.isdir(output):
+        return []
+    return [load_row(os.path.join(output, name)) for name in sorted(os.listdir(output))
+            if name.endswith(".json")]
+
+
 def _spread(values):
     """`mean ± sd (v1, v2, …)` of a row's per-seed figures."""
     values = [float(v) for v in values]
@@ -1118,8 +1126,7 @@ def _spread(values):
 def table(output):
     """Markdown tables of every row in `output`: the finished rows' figures
     over their seeds, every candidate's ranks at each cut, and every run."""
-    rows = [load_row(os.path.join(output, name)) for name in sorted(os.listdir(output))
-            if name.endswith(".json")] if os.path.isdir(output) else []
+    rows = load_rows(output)
     parts = []
     finished = [data for data in rows if data.get("complete")]
     if finished:
@@ -1194,8 +1201,7 @@ def plot(output, path):
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    rows = [load_row(os.path.join(output, name)) for name in sorted(os.listdir(output))
-            if name.endswith(".json")] if os.path.isdir(output) else []
+    rows = load_rows(output)
     if not rows:
         raise ValueError(f"Expected a row's JSON in {output}. Received: none")
     figure, axes = plt.subplots(1, len(rows), figsize=(6.5 * len(rows), 4.5), squeeze=False)
