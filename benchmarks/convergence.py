@@ -1115,12 +1115,10 @@ def load_rows(output):
             if name.endswith(".json")]
 
 
-def _spread(values):
-    """`mean ± sd (v1, v2, …)` of a row's per-seed figures."""
-    values = [float(v) for v in values]
-    mean = float(np.mean(values))
-    sd = f" ± {float(np.std(values, ddof=1)):.2f}" if len(values) > 1 else ""
-    return f"{mean:.2f}{sd} ({', '.join(f'{v:.2f}' for v in values)})"
+def _spread(figure):
+    """`mean ± sd (v1, v2, …)` of one of a row's `summary` figures."""
+    sd = "" if figure["sd"] is None else f" ± {figure['sd']:.2f}"
+    return f"{figure['mean']:.2f}{sd} ({', '.join(f'{v:.2f}' for v in figure['values'])})"
 
 
 def table(output):
@@ -1142,10 +1140,10 @@ def table(output):
             gains = [100 * s["dynamic"]["gain"] for s in seeds]
             lines.append(
                 f"| {data['row']} | {data['params']:,} | {len(seeds)} | {epochs} | "
-                f"{_spread(summary['valid_perplexity']['values'])} | "
-                f"{_spread(summary['test_perplexity']['values'])} | "
-                f"{_spread(summary['test_perplexity_one_stream']['values'])} | "
-                f"{_spread(summary['dynamic_test_perplexity']['values'])} | "
+                f"{_spread(summary['valid_perplexity'])} | "
+                f"{_spread(summary['test_perplexity'])} | "
+                f"{_spread(summary['test_perplexity_one_stream'])} | "
+                f"{_spread(summary['dynamic_test_perplexity'])} | "
                 f"{np.mean(gains):.1f} % |")
         parts.append("\n".join(lines) + "\n\nMean ± standard deviation over the seeds "
                      "(each seed's value in brackets); * stopped by the seeds' cap, "
