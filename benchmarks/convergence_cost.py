@@ -1,0 +1,285 @@
+"""What an epoch of the convergence study costs, and how many workers pay.
+
+The convergence study (`convergence.py`, issue 40) trains each run in a
+worker process of one thread (`--jobs N` of them at once). This script
+times that work — the study's own model, optimizer and callbacks
+(`convergence.run_config`: Rectified Adam, divergence recovery, Two-Tailed
+Averaging, the `TrainingCheckpoint`), at each row's units, batch 32 × 35 —
+in fresh one-thread processes on JAX (the backend the study runs on), and
+gives:
+
+- **per row**, one worker alone: the median `fit` step (s), tokens/s and
+  the training part of an epoch (`--train-tokens` / (32 × 35) steps; the
+  validation passes come on top);
+- **the floor it is measured against**: the tied softmax's three matmuls
+  of one step (logits `h·Eᵀ`, and the backward pass's `g·E` and `gᵀ·h`,
+  at 1,120 tokens × units × vocabulary), timed alone in the same kind of
+  process — the part of the step no implementation of this model avoids;
+- **workers side by side**: N processes of the `--workers-row` at once
+  (each waits until all are compiled, then times its steps), and the steps
+  per second they make together: what `--jobs N` buys on this machine.
+
+    python benchmarks/convergence_cost.py --json benchmarks/results/convergence_cost.json
+
+Run it on a quiet machine (it checks), with the study stopped
+(`kill -STOP`): the workers are the only load it means to measure.
+"""
+
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import _harness
+
+_harness.environment(backend="jax")
+
+ONE_XLA_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+ROWS = ("lstm", "mogrifier_rlstm", "mogrifier_lstm")
+# Penn Treebank's training text as the study reads it: 887,521 words and
+# 42,068 line ends (`load_corpus` on `ptb.train.txt`) = 929,589 tokens.
+PTB_TRAIN_TOKENS = 929_589
+# A candidate in the middle of the study's ranges (the time does not depend
+# on the values; non-zero dropout draws its masks as the study does).
+CANDIDATE = {"learning_rate": 2e-3, "input_dropout": 0.4, "cell_output_dropout": 0.2,
+             "state_dropout": 0.3, "output_dropout": 0.3}
+
+
+def _settings(args):
+    import argparse
+
+    import convergence
+
+    namespace = argparse.Namespace(
+        parameters=args.parameters, batch_size=args.batch, bptt=args.window,
+        candidates=convergence.CANDIDATES, rungs=list(convergence.RUNGS),
+        max_epochs=convergence.MAX_EPOCHS,
+        seed_max_epochs=convergence.SEED_CAP_FACTOR * convergence.MAX_EPOCHS,
+        seeds=list(convergence.SEEDS), max_tokens=None,
+        dynamic_learning_rates=[], dynamic_decay_rates=[], dynamic_slice_tokens=0,
+        dynamic_statistics_batches=0, dynamic_statistics_batch=0, dynamic_block=0,
+    )
+    return convergence.study_settings(namespace)
+
+
+def study_parameters():
+    """The study's parameter budget (2.65M)."""
+    import paper_tables
+
+    return paper_tables.PARAMETERS
+
+
+def row_units(args, name):
+    """The row's units: the study's JSON's when it has the row, else the
+    units whose model is closest to `--parameters` (as the study picks them)."""
+    import paper_tables
+
+    import convergence
+
+    recorded = os.path.join(convergence.DEFAULT_OUTPUT, f"{name}.json")
+    if args.vocabulary == 10_000 and args.parameters == study_parameters() \
+            and os.path.exists(recorded):
+        data = _harness.read_json(recorded)
+        return data["units"], data["params"]
+    row = convergence.row_spec(name)
+    return paper_tables.units_for_budget(args.vocabulary, row, _settings(args))
+
+
+def train_worker(args, name, units, barrier=None, count=1):
+    """A worker's `fit` steps: the median and every step's seconds after
+    `args.warmup` untimed ones; with `barrier` (a folder), it waits after
+    its warm-up until `count` workers are ready there."""
+    import keras
+    import numpy as np
+
+    import convergence
+    from keras_mogrifier.data import StreamDataset
+    from keras_mogrifier.pipeline import language_modeling as lm
+
+    settings = _settings(args)
+    row = dict(convergence.row_spec(name), units=units)
+    model_config, training = convergence.run_config(row, CANDIDATE, settings)
+    keras.utils.set_random_seed(1)
+    rng = np.random.default_rng(0)
+    ids = (rng.zipf(1.2, size=args.batch * args.window * (args.warmup + args.steps + 2))
+           % args.vocabulary).astype("int32")
+    valid = StreamDataset(ids[: 20 * args.batch * args.window], args.batch, args.window,
+                          drop_remainder=False)
+    model = lm.build_language_model(args.vocabulary, model_config, args.batch)
+    lm.compile_language_model(model, training)
+    times = []
+
+    class Steps(keras.callbacks.Callback):
+        last = None
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch + 1 == args.warmup and barrier is not None:
+                open(os.path.join(barrier, f"{os.getpid()}.ready"), "w").close()
+                while len([f for f in os.listdir(barrier) if f.endswith(".ready")]) < count:
+                    time.sleep(0.05)
+            now = time.perf_counter()
+            if batch + 1 > args.warmup:
+                times.append(now - self.last)
+            self.last = now
+
+    with tempfile.TemporaryDirectory(prefix="convergence_cost_") as folder:
+        callbacks = [Steps()] + lm.training_callbacks(
+            training, os.path.join(folder, "checkpoint"), valid,
+            checkpoint_every_steps=200)
+        model.fit(StreamDataset(ids, args.batch, args.window), epochs=1,
+                  steps_per_epoch=args.warmup + args.steps, shuffle=False,
+                  callbacks=callbacks, verbose=0)
+    return {"median_step_s": statistics.median(times), "steps_s": times}
+
+
+def softmax_floor_worker(args, units):
+    """The tied softmax's three matmuls of one step, timed alone: the
+    median seconds of `args.floor_repeats` after one warm-up."""
+    import keras
+    import numpy as np
+
+    tokens = args.batch * args.window
+    rng = np.random.default_rng(0)
+    h = keras.ops.convert_to_tensor(rng.standard_normal((tokens, units), "float32"))
+    e = keras.ops.convert_to_tensor(rng.standard_normal((args.vocabulary, units), "float32"))
+    g = keras.ops.convert_to_tensor(
+        rng.standard_normal((tokens, args.vocabulary), "float32"))
+
+    def step():
+        logits = keras.ops.matmul(h, keras.ops.transpose(e))
+        grad_h = keras.ops.matmul(g, e)
+        grad_e = keras.ops.matmul(keras.ops.transpose(g), h)
+        for value in (logits, grad_h, grad_e):
+            keras.ops.convert_to_numpy(value[:1, :1])  # waits for each
+
+    timing = _harness.time_call(step, repeats=args.floor_repeats, warmup=1)
+    return {"median_s": statistics.median(timing.wall), "all_s": timing.wall,
+            "flops": 3 * 2 * tokens * units * args.vocabulary}
+
+
+def run_side_by_side(args, name, units, count):
+    """`count` train workers at once, timed over the same steps."""
+    env = {"XLA_FLAGS": ONE_XLA_THREAD}
+    results = [None] * count
+    errors = []
+    with tempfile.TemporaryDirectory(prefix="convergence_cost_barrier_") as barrier:
+        def one(index):
+            try:
+                results[index] = _harness.run_in_backend(
+                    train_worker, args, name, units, barrier, count, backend="jax",
+                    env=env, capture_output=True)
+            except Exception as error:  # noqa: BLE001 - re-raised below
+                errors.append(error)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def main():
+    parser = _harness.argument_parser(__doc__, quiet=True, data_dir="optional")
+    parser.add_argument("--rows", nargs="+", default=list(ROWS))
+    parser.add_argument("--workers-row", default="lstm")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3],
+                        help="how many workers side by side, one run each")
+    parser.add_argument("--parameters", type=int, default=None,
+                        help="the study's budget (default: its own, 2.65M)")
+    parser.add_argument("--vocabulary", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--window", type=int, default=35)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--floor-repeats", type=int, default=10)
+    parser.add_argument("--train-tokens", type=int, default=None,
+                        help="an epoch's training tokens (default: --data-dir's, "
+                        f"else Penn Treebank's {PTB_TRAIN_TOKENS:,})")
+    args = parser.parse_args()
+    if args.parameters is None:
+        args.parameters = study_parameters()
+    if args.steps < 1 or args.warmup < 1:
+        raise ValueError("Expected --steps and --warmup of at least 1. Received: "
+                         f"--steps {args.steps}, --warmup {args.warmup}")
+    if args.train_tokens is None:
+        if args.data_dir:
+            from keras_mogrifier.data import load_corpus
+
+            args.train_tokens = len(load_corpus(args.data_dir).train)
+        else:
+            args.train_tokens = PTB_TRAIN_TOKENS
+    quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
+    step_tokens = args.batch * args.window
+    epoch_steps = args.train_tokens // step_tokens
+    env = {"XLA_FLAGS": ONE_XLA_THREAD}
+    rows = {}
+    for name in args.rows:
+        units, params = row_units(args, name)
+        train = _harness.run_in_backend(train_worker, args, name, units, backend="jax",
+                                        env=env, capture_output=True)
+        floor = _harness.run_in_backend(softmax_floor_worker, args, units, backend="jax",
+                                        env=env, capture_output=True)
+        step = train["median_step_s"]
+        rows[name] = {
+            "units": units, "params": params, "median_step_s": step,
+            "tokens_per_s": step_tokens / step, "epoch_training_s": epoch_steps * step,
+            "softmax_floor_s": floor["median_s"],
+            "softmax_gflops_per_s": floor["flops"] / floor["median_s"] / 1e9,
+            "step_over_softmax_floor": step / floor["median_s"],
+            "steps_s": train["steps_s"], "softmax_floor_all_s": floor["all_s"],
+        }
+        print(f"{name}: step {step:.3f} s, softmax floor {floor['median_s']:.3f} s",
+              file=sys.stderr, flush=True)
+    side_by_side = {}
+    units, _ = row_units(args, args.workers_row)
+    for count in args.workers:
+        results = run_side_by_side(args, args.workers_row, units, count)
+        medians = [r["median_step_s"] for r in results]
+        side_by_side[str(count)] = {
+            "median_step_s": medians,
+            "steps_per_s": sum(1.0 / m for m in medians),
+        }
+        print(f"{count} worker(s): steps {medians}", file=sys.stderr, flush=True)
+    alone = side_by_side[str(min(args.workers))]["steps_per_s"] / min(args.workers)
+    for count, entry in side_by_side.items():
+        entry["throughput_over_one"] = entry["steps_per_s"] / alone
+        entry["epoch_s_each"] = epoch_steps * statistics.mean(entry["median_step_s"])
+        entry["epochs_per_hour"] = 3600 * entry["steps_per_s"] / epoch_steps
+
+    print(f"The study's work on JAX, one thread per worker; batch {args.batch} × "
+          f"{args.window}; an epoch = {epoch_steps} steps ({args.train_tokens:,} tokens); "
+          f"median of {args.steps} steps after {args.warmup}.")
+    print("| row | units | params | step (s) | tokens/s | epoch's training (s) "
+          "| softmax matmuls alone (s) | step / softmax |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, r in rows.items():
+        print(f"| {name} | {r['units']} | {r['params']:,} | {r['median_step_s']:.3f} | "
+              f"{r['tokens_per_s']:.0f} | {r['epoch_training_s']:.0f} | "
+              f"{r['softmax_floor_s']:.3f} ({r['softmax_gflops_per_s']:.0f} GFLOP/s) | "
+              f"{r['step_over_softmax_floor']:.2f} |")
+    print()
+    print(f"| {args.workers_row} workers at once | step of each (s) | steps/s together "
+          "| × one alone | epoch of each (s) | epochs an hour together |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: |")
+    for count, e in side_by_side.items():
+        print(f"| {count} | {', '.join(f'{m:.3f}' for m in e['median_step_s'])} | "
+              f"{e['steps_per_s']:.2f} | {e['throughput_over_one']:.2f} | "
+              f"{e['epoch_s_each']:.0f} | {e['epochs_per_hour']:.1f} |")
+    if args.json:
+        _harness.write_json(args.json, {
+            "command": _harness.command_line(__file__, backend="jax"),
+            "machine": _harness.machine(), "versions": _harness.versions(),
+            "quiet_machine": quiet, "load_average_end": _harness.load_average(),
+            "settings": vars(args), "epoch_steps": epoch_steps, "rows": rows,
+            "side_by_side": side_by_side,
+        })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

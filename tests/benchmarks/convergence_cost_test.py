@@ -1,0 +1,53 @@
+"""benchmarks/convergence_cost.py: its worker times the study's own model and
+callbacks, waits for its side-by-side peers, and its floor counts the tied
+softmax's three matmuls."""
+
+import argparse
+import os
+import sys
+
+import keras
+import pytest
+
+from testing import load_module
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="the study it times runs on JAX"
+)
+
+
+@pytest.fixture(scope="module")
+def cost():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # its sibling modules
+    return load_module(os.path.join(ROOT, "benchmarks", "convergence_cost.py"),
+                       "convergence_cost")
+
+
+def _args(**changes):
+    values = dict(parameters=20_000, vocabulary=60, batch=4, window=5, steps=3, warmup=2,
+                  floor_repeats=2)
+    values.update(changes)
+    return argparse.Namespace(**values)
+
+
+def test_the_worker_times_the_studys_run_after_its_peers_are_ready(cost, tmp_path):
+    args = _args()
+    units, params = cost.row_units(args, "mogrifier_rlstm")
+    assert abs(params - 20_000) <= 0.03 * 20_000  # the study's budget rule
+    result = cost.train_worker(args, "mogrifier_rlstm", units, str(tmp_path), 1)
+    assert len(result["steps_s"]) == args.steps  # after the warm-up, each step
+    assert result["median_step_s"] > 0
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".ready")]  # said it was ready
+
+
+def test_the_study_rows_units_are_the_recorded_ones(cost):
+    args = _args(parameters=cost.study_parameters(), vocabulary=10_000)
+    assert cost.row_units(args, "lstm") == (200, 2_651_600)  # the study's JSON
+
+
+def test_the_floor_counts_the_softmaxs_three_matmuls(cost):
+    args = _args()
+    floor = cost.softmax_floor_worker(args, 7)
+    assert floor["flops"] == 3 * 2 * (4 * 5) * 7 * 60
+    assert len(floor["all_s"]) == 2 and floor["median_s"] > 0
