@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 from keras_mogrifier import LanguageModel
+from keras_mogrifier.data import Vocabulary
 
 from testing import load_module
 
@@ -20,8 +21,9 @@ def _convergence():
 
 def test_a_float16_keras_file_loads_into_float32_variables(tmp_path):
     keras.utils.set_random_seed(0)
+    words = ["<eos>", "<unk>"] + [f"w{i}" for i in range(998)]
     model = LanguageModel(1000, units=64, num_layers=2, cell="mogrifier_rlstm",
-                          mogrifier_rank=4, batch_size=2)
+                          mogrifier_rank=4, batch_size=2, vocabulary=Vocabulary(words))
     model.build((2, None))
     ids = np.random.default_rng(0).integers(0, 1000, (2, 7)).astype("int32")
     path = str(tmp_path / "best.keras")
@@ -31,6 +33,9 @@ def test_a_float16_keras_file_loads_into_float32_variables(tmp_path):
     assert os.path.getsize(path) < 0.6 * os.path.getsize(full)
     loaded = keras.saving.load_model(path)
     assert len(loaded.weights) == len(model.weights)
+    # It carries its vocabulary: `examples/generate.py --model` reads and
+    # writes text with it.
+    assert list(loaded.vocabulary) == words
     for original, read in zip(model.weights, loaded.weights):
         value = keras.ops.convert_to_numpy(read)
         expected = keras.ops.convert_to_numpy(original)
