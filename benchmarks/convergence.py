@@ -496,7 +496,8 @@ def start_again(entry, why):
     that it trains again from epoch 1."""
     attempt = {key: entry.pop(key) for key in (
         "epochs", "best_valid_perplexity", "best_epoch", "converged",
-        "stopped_at_max_epochs", "epoch_cap", "kept_weights_epoch") if key in entry}
+        "stopped_at_max_epochs", "epoch_cap", "kept_weights_epoch", "static",
+        "dynamic_search") if key in entry}
     attempt["why"] = why
     attempt["environment"] = entry.pop("environment", [])
     entry.setdefault("earlier_attempts", []).append(attempt)
@@ -967,16 +968,33 @@ def evaluate_run(record, name, row, candidate, corpus, args):
         f"(τ {tau['temperature']:.2f}), one stream {static['test_perplexity_one_stream']:.2f}")
 
 
+def pass_summary(losses, block):
+    """What the search keeps of a pass's per-token losses: their mean and
+    the means of their whole blocks of `block` tokens (enough for
+    `summary_separation`, and small enough to record pass by pass)."""
+    losses = np.asarray(losses, "float64")
+    blocks = len(losses) // block
+    return {"mean_loss": float(losses.mean()), "block_means": [
+        float(m) for m in losses[: blocks * block].reshape(blocks, block).mean(axis=1)]}
+
+
+def summary_separation(best, other):
+    """How many standard errors `other`'s mean loss is above `best`'s (two
+    `pass_summary`s of the same tokens): the difference of the means over
+    the standard error of the blocks' differences."""
+    differences = np.asarray(other["block_means"]) - np.asarray(best["block_means"])
+    blocks = len(differences)
+    if blocks < 2:
+        return math.nan
+    error = differences.std(ddof=1) / math.sqrt(blocks)
+    gap = other["mean_loss"] - best["mean_loss"]
+    return float(gap / error) if error > 0 else math.inf
+
+
 def separation(best, other, block):
     """How many standard errors `other`'s per-token losses are above
     `best`'s on average (batch means over blocks of `block` tokens)."""
-    difference = np.asarray(other, "float64") - np.asarray(best, "float64")
-    blocks = len(difference) // block
-    if blocks < 2:
-        return math.nan
-    means = difference[: blocks * block].reshape(blocks, block).mean(axis=1)
-    error = means.std(ddof=1) / math.sqrt(blocks)
-    return float(difference.mean() / error) if error > 0 else math.inf
+    return summary_separation(pass_summary(best, block), pass_summary(other, block))
 
 
 def _grid_neighbours(grid, point):
@@ -995,10 +1013,21 @@ def _widened(values, index):
         values[-1] * ratio,)
 
 
-def search_dynamic(evaluator, valid, log_line, slice_tokens, etas, lambdas, block):
+def search_dynamic(evaluator, valid, log_line, slice_tokens, etas, lambdas, block,
+                   done=(), on_pass=None):
     """The joint η × λ search on a validation slice that separates the best
-    setting from its neighbours; returns the record of every pass."""
+    setting from its neighbours; returns the record of every pass.
+
+    `done` are passes recorded before (each `{"learning_rate",
+    "decay_rate", "tokens", "perplexity"}` with its `pass_summary`, or a
+    `None` perplexity where it diverged), which are not evaluated again;
+    `on_pass` is called with each new pass's record as soon as it ends (the
+    caller writes it down, so a stopped search resumes where it was)."""
     passes, tokens = {}, min(slice_tokens, len(valid) - 1)
+    for recorded in done:
+        passes[(recorded["learning_rate"], recorded["decay_rate"], recorded["tokens"])] = (
+            None if recorded["perplexity"] is None else
+            {"mean_loss": recorded["mean_loss"], "block_means": recorded["block_means"]})
     widened = 0
     while True:
         grid = (list(etas), list(lambdas))
@@ -1011,17 +1040,23 @@ def search_dynamic(evaluator, valid, log_line, slice_tokens, etas, lambdas, bloc
                 try:
                     logs = evaluator.evaluate(valid[: tokens + 1], verbose=0,
                                               return_token_losses=True)
-                    passes[key] = np.asarray(logs["token_losses"][0], "float64")
+                    passes[key] = pass_summary(logs["token_losses"][0], block)
                 except DivergenceError:
                     passes[key] = None
                 result = passes[key]
                 log_line(f"η {eta:g}, λ {lam:g}, {tokens:,} tokens: " + (
-                    "diverged" if result is None else f"perplexity {math.exp(result.mean()):.2f}"))
+                    "diverged" if result is None
+                    else f"perplexity {math.exp(result['mean_loss']):.2f}"))
+                if on_pass is not None:
+                    on_pass(dict(
+                        learning_rate=eta, decay_rate=lam, tokens=tokens,
+                        perplexity=None if result is None else math.exp(result["mean_loss"]),
+                        **(result or {})))
         scored = {(e, l): passes[(e, l, tokens)] for e in etas for l in lambdas
                   if passes[(e, l, tokens)] is not None}
         if not scored:
             raise RuntimeError("Every dynamic-evaluation setting diverged")
-        best = min(scored, key=lambda k: scored[k].mean())
+        best = min(scored, key=lambda k: scored[k]["mean_loss"])
         edges = [(axis, index) for axis, values in ((0, etas), (1, lambdas))
                  for index in (0, -1) if best[axis] == values[index]]
         if edges and widened < DYNAMIC_WIDEN:
@@ -1032,7 +1067,7 @@ def search_dynamic(evaluator, valid, log_line, slice_tokens, etas, lambdas, bloc
                 else:
                     lambdas = _widened(lambdas, index)
             continue
-        gaps = {f"{e:g},{l:g}": separation(scored[best], scored[(e, l)], block)
+        gaps = {f"{e:g},{l:g}": summary_separation(scored[best], scored[(e, l)])
                 for e, l in _grid_neighbours(grid, best) if (e, l) in scored}
         separated = all(g >= DYNAMIC_SEPARATION for g in gaps.values())
         if separated or tokens >= len(valid) - 1:
@@ -1045,7 +1080,7 @@ def search_dynamic(evaluator, valid, log_line, slice_tokens, etas, lambdas, bloc
         "learning_rates": list(etas), "decay_rates": list(lambdas),
         "passes": [
             {"learning_rate": e, "decay_rate": l, "tokens": n,
-             "perplexity": None if r is None else float(math.exp(r.mean()))}
+             "perplexity": None if r is None else float(math.exp(r["mean_loss"]))}
             for (e, l, n), r in passes.items()
         ],
     }
@@ -1067,12 +1102,35 @@ def dynamic_run(record, name, row, candidate, corpus, args):
         batch_size=args.dynamic_statistics_batch,
     )
     start = time.time()
+    # The passes so far (a stopped search's, in the run's JSON) count only
+    # for the same weights, statistics and blocks.
+    identity = {"weights": weights, "best_epoch": entry.get("best_epoch"),
+                "best_valid_perplexity": entry.get("best_valid_perplexity"),
+                "epsilon": evaluator.epsilon,
+                "segment_length": DYNAMIC_SEGMENT, "block": args.dynamic_block,
+                "statistics_batches": args.dynamic_statistics_batches,
+                "statistics_batch": args.dynamic_statistics_batch}
+    progress = entry.get("dynamic_search")
+    if progress is not None and progress["identity"] != identity:
+        log(f"{row['name']} {name} dynamic: the {len(progress['passes'])} passes recorded "
+            "were made with other weights or settings; the search starts again")
+        progress = None
+    done = list(progress["passes"]) if progress else []
+    reused = len(done)
+    if reused:
+        log(f"{row['name']} {name} dynamic: {reused} passes recorded before are kept")
+
+    def on_pass(recorded):
+        done.append(recorded)
+        entry["dynamic_search"] = {"identity": identity, "passes": done}
+        record.save_run(name)
+
     search = search_dynamic(
         evaluator, corpus.valid,
         lambda line: log(f"{row['name']} {name} dynamic: {line}"),
         args.dynamic_slice_tokens, tuple(args.dynamic_learning_rates),
         tuple(args.dynamic_decay_rates),
-        args.dynamic_block,
+        args.dynamic_block, done=done[:], on_pass=on_pass,
     )
     evaluator.learning_rate = search["learning_rate"]
     evaluator.decay_rate = search["decay_rate"]
@@ -1082,8 +1140,9 @@ def dynamic_run(record, name, row, candidate, corpus, args):
         statistics_batches=args.dynamic_statistics_batches,
         test_perplexity=float(test["perplexity"]),
         gain=1.0 - float(test["perplexity"]) / entry["static"]["test_perplexity_one_stream"],
-        seconds=time.time() - start,
+        seconds=time.time() - start, passes_reused=reused,
     )
+    entry.pop("dynamic_search", None)  # the passes' record is in "dynamic" now
     record.save_run(name)
     log(f"{row['name']} {name}: dynamic test {test['perplexity']:.2f} "
         f"(η {search['learning_rate']:g}, λ {search['decay_rate']:g}, ranked on "

@@ -15,6 +15,9 @@ gives:
   of one step (logits `h·Eᵀ`, and the backward pass's `g·E` and `gᵀ·h`,
   at 1,120 tokens × units × vocabulary), timed alone in the same kind of
   process — the part of the step no implementation of this model avoids;
+- **dynamic evaluation** of the row's model as the study's η × λ search
+  runs it (one stream, segments of 5), ms per token, and what one pass
+  over the search's first validation slice costs;
 - **workers side by side**: N processes of the `--workers-row` at once
   (each waits until all are compiled, then times its steps), and the steps
   per second they make together: what `--jobs N` buys on this machine.
@@ -134,6 +137,32 @@ def train_worker(args, name, units, barrier=None, count=1):
     return {"median_step_s": statistics.median(times), "steps_s": times}
 
 
+def dynamic_worker(args, name, units):
+    """Dynamic evaluation of the row's model as the study's search runs it
+    (one stream, segments of 5, Krause's RMS rule): the median milliseconds
+    per token of `args.floor_repeats` passes over `args.dynamic_tokens`."""
+    import numpy as np
+
+    import convergence
+    from keras_mogrifier.evaluation import DynamicEvaluator
+    from keras_mogrifier.pipeline import language_modeling as lm
+
+    row = dict(convergence.row_spec(name), units=units)
+    model_config, _ = convergence.run_config(row, CANDIDATE, _settings(args))
+    model = lm.build_language_model(args.vocabulary, model_config, args.batch)
+    evaluator = DynamicEvaluator(model.with_options(batch_size=1, samples=1),
+                                 segment_length=convergence.DYNAMIC_SEGMENT,
+                                 learning_rate=1e-4, decay_rate=1e-3)
+    rng = np.random.default_rng(0)
+    ids = (rng.zipf(1.2, size=max(args.dynamic_tokens + 1, 2_000))
+           % args.vocabulary).astype("int32")
+    evaluator.collect_gradient_statistics(ids, batch_size=1, steps=2)
+    stream = ids[: args.dynamic_tokens + 1]
+    timing = _harness.time_call(lambda: evaluator.evaluate(stream, verbose=0),
+                                repeats=args.floor_repeats, warmup=1)
+    return {"median_ms_per_token": 1000 * statistics.median(timing.wall) / args.dynamic_tokens}
+
+
 def softmax_floor_worker(args, units):
     """The tied softmax's three matmuls of one step, timed alone: the
     median seconds of `args.floor_repeats` after one warm-up."""
@@ -197,12 +226,20 @@ def main():
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--floor-repeats", type=int, default=10)
+    parser.add_argument("--dynamic-tokens", type=int, default=1_000,
+                        help="tokens of each timed dynamic-evaluation pass")
+    parser.add_argument("--search-tokens", type=int, default=None,
+                        help="the search's first validation slice (default: the study's)")
     parser.add_argument("--train-tokens", type=int, default=None,
                         help="an epoch's training tokens (default: --data-dir's, "
                         f"else Penn Treebank's {PTB_TRAIN_TOKENS:,})")
     args = parser.parse_args()
     if args.parameters is None:
         args.parameters = study_parameters()
+    if args.search_tokens is None:
+        import convergence
+
+        args.search_tokens = convergence.DYNAMIC_SLICE_TOKENS
     if args.steps < 1 or args.warmup < 1:
         raise ValueError("Expected --steps and --warmup of at least 1. Received: "
                          f"--steps {args.steps}, --warmup {args.warmup}")
@@ -224,6 +261,8 @@ def main():
                                         env=env, capture_output=True)
         floor = _harness.run_in_backend(softmax_floor_worker, args, units, backend="jax",
                                         env=env, capture_output=True)
+        dynamic = _harness.run_in_backend(dynamic_worker, args, name, units, backend="jax",
+                                          env=env, capture_output=True)
         step = train["median_step_s"]
         rows[name] = {
             "units": units, "params": params, "median_step_s": step,
@@ -231,6 +270,8 @@ def main():
             "softmax_floor_s": floor["median_s"],
             "softmax_gflops_per_s": floor["flops"] / floor["median_s"] / 1e9,
             "step_over_softmax_floor": step / floor["median_s"],
+            "dynamic_ms_per_token": dynamic["median_ms_per_token"],
+            "search_pass_s": dynamic["median_ms_per_token"] * args.search_tokens / 1000,
             "steps_s": train["steps_s"], "softmax_floor_all_s": floor["all_s"],
         }
         print(f"{name}: step {step:.3f} s, softmax floor {floor['median_s']:.3f} s",
@@ -255,13 +296,15 @@ def main():
           f"{args.window}; an epoch = {epoch_steps} steps ({args.train_tokens:,} tokens); "
           f"median of {args.steps} steps after {args.warmup}.")
     print("| row | units | params | step (s) | tokens/s | epoch's training (s) "
-          "| softmax matmuls alone (s) | step / softmax |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| softmax matmuls alone (s) | step / softmax | dynamic evaluation (ms/token) "
+          f"| a search pass of {args.search_tokens:,} tokens (s) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in rows.items():
         print(f"| {name} | {r['units']} | {r['params']:,} | {r['median_step_s']:.3f} | "
               f"{r['tokens_per_s']:.0f} | {r['epoch_training_s']:.0f} | "
               f"{r['softmax_floor_s']:.3f} ({r['softmax_gflops_per_s']:.0f} GFLOP/s) | "
-              f"{r['step_over_softmax_floor']:.2f} |")
+              f"{r['step_over_softmax_floor']:.2f} | {r['dynamic_ms_per_token']:.2f} | "
+              f"{r['search_pass_s']:.0f} |")
     print()
     print(f"| {args.workers_row} workers at once | step of each (s) | steps/s together "
           "| × one alone | epoch of each (s) | epochs an hour together |")

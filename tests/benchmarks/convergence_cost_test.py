@@ -26,7 +26,7 @@ def cost():
 
 def _args(**changes):
     values = dict(parameters=20_000, vocabulary=60, batch=4, window=5, steps=3, warmup=2,
-                  floor_repeats=2)
+                  floor_repeats=2, dynamic_tokens=20)
     values.update(changes)
     return argparse.Namespace(**values)
 
@@ -51,3 +51,9 @@ def test_the_floor_counts_the_softmaxs_three_matmuls(cost):
     floor = cost.softmax_floor_worker(args, 7)
     assert floor["flops"] == 3 * 2 * (4 * 5) * 7 * 60
     assert len(floor["all_s"]) == 2 and floor["median_s"] > 0
+
+
+def test_the_dynamic_pass_is_timed_per_token(cost):
+    args = _args()
+    units, _ = cost.row_units(args, "lstm")
+    assert cost.dynamic_worker(args, "lstm", units)["median_ms_per_token"] > 0

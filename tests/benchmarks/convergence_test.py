@@ -314,13 +314,71 @@ def test_a_kept_copy_older_than_the_best_epoch_is_not_tested(
     entry = _untested_copy(stopped_and_resumed, tmp_path, name)
     assert entry["kept_weights_epoch"] == entry["best_epoch"]
     entry["kept_weights_epoch"] -= 1
+    # A static test of the earlier weights (its machine went before the
+    # dynamic one) belongs to the attempt that is over, too.
+    entry["static"] = {"test_perplexity": 1.0}
     (tmp_path / "out" / "lstm" / f"{name}.json").write_text(json.dumps(entry))
     again = _run(convergence, tmp_path, "--resume")["runs"][name]
     assert [a["epochs"] for a in again["earlier_attempts"]] == [entry["epochs"]]
     # The old copy belonged to the attempt that is over.
     assert again["earlier_attempts"][0]["kept_weights_epoch"] == entry["kept_weights_epoch"]
+    assert again["earlier_attempts"][0]["static"] == entry["static"]
     assert again["kept_weights_epoch"] == again["best_epoch"]
     assert again["static"]["weights"] == again["weights"]  # its float32 file
+
+
+class _Killed(Exception):
+    """The process killed in the middle of a dynamic-evaluation search."""
+
+
+def test_a_stopped_dynamic_search_resumes_with_the_passes_it_recorded(
+        convergence, stopped_and_resumed, row, tmp_path, monkeypatch):
+    """Each pass of the η × λ search is written to the run's JSON as it
+    ends; a search stopped half-way evaluates only the passes it lacks, and
+    only for the same weights."""
+    name = row["winner"]
+    _untested_copy(stopped_and_resumed, tmp_path, name)
+    path = tmp_path / "out" / "lstm" / f"{name}.json"
+    original = convergence.search_dynamic
+    seen = {}
+
+    def killed_after_two(*args, done=(), on_pass=None, **kwargs):
+        def recorded(record):
+            on_pass(record)
+            if len(json.loads(path.read_text())["dynamic_search"]["passes"]) == 2:
+                raise _Killed
+        return original(*args, done=done, on_pass=recorded, **kwargs)
+
+    def resumed(*args, done=(), on_pass=None, **kwargs):
+        seen.update(done=list(done), new=0)
+
+        def counted(record):
+            seen["new"] += 1
+            on_pass(record)
+        return original(*args, done=done, on_pass=counted, **kwargs)
+
+    monkeypatch.setattr(convergence, "search_dynamic", killed_after_two)
+    with pytest.raises(_Killed):
+        _run(convergence, tmp_path, "--resume")
+    stopped = json.loads(path.read_text())
+    assert "dynamic" not in stopped and "static" in stopped
+    recorded = stopped["dynamic_search"]["passes"]
+    assert len(recorded) == 2 and all(len(p["block_means"]) == 5 for p in recorded)
+    monkeypatch.setattr(convergence, "search_dynamic", resumed)
+    # Passes made with other weights (a seed trained again) are not reused.
+    stale = json.loads(json.dumps(stopped))
+    stale["dynamic_search"]["identity"]["best_epoch"] -= 1
+    path.write_text(json.dumps(stale))
+    again = _run(convergence, tmp_path, "--resume")["runs"][name]
+    assert seen["done"] == [] and again["dynamic"]["passes_reused"] == 0
+    # The same weights: the two recorded passes are kept, the others made.
+    path.write_text(json.dumps(stopped))
+    again = _run(convergence, tmp_path, "--resume")["runs"][name]
+    assert seen["done"] == recorded and again["dynamic"]["passes_reused"] == 2
+    assert "dynamic_search" not in again
+    passes = again["dynamic"]["passes"]
+    assert len(passes) == 2 + seen["new"] and seen["new"] >= 2
+    assert [p["perplexity"] for p in passes[:2]] == [p["perplexity"] for p in recorded]
 
 
 def test_seeds_whose_weights_are_all_gone_train_again_side_by_side(
@@ -399,8 +457,11 @@ class _FakeEvaluator:
             math.log10(self.learning_rate / self.eta) ** 2
             + math.log10(self.decay_rate / self.lam) ** 2
         )
-        # Each token's noise differs a little between settings too.
-        jitter = np.random.default_rng(len(self.calls)).normal(0.0, 0.05, n)
+        # Each token's noise differs a little between settings too (the
+        # same for the same setting: a pass evaluated again is the same).
+        setting = (round(1e6 * math.log10(self.learning_rate)),
+                   round(1e6 * math.log10(self.decay_rate)))
+        jitter = np.random.default_rng([abs(v) for v in setting]).normal(0.0, 0.05, n)
         return {"token_losses": [4.0 + bowl + self.noise[:n] + jitter]}
 
 
@@ -422,6 +483,28 @@ def test_the_search_widens_an_edge_and_grows_the_slice_until_separated(convergen
     assert found["slice_tokens"] > 1_000 and found["separated"]
     assert all(g >= 2.0 for g in found["separation"].values())
     assert len(lines) == len(fake.calls) == len(found["passes"])
+
+
+def test_a_stopped_search_resumed_ends_as_one_run_through(convergence):
+    valid = np.zeros(40_001, "int32")
+    grid = (1_000, (1e-5, 3e-5, 1e-4), (1e-4, 3e-4, 1e-3), 100)
+    whole = convergence.search_dynamic(_FakeEvaluator(3e-5, 3e-5), valid, lambda _: None, *grid)
+    recorded = []
+
+    def stop_after_seven(record):
+        recorded.append(json.loads(json.dumps(record)))  # as the JSON keeps it
+        if len(recorded) == 7:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        convergence.search_dynamic(_FakeEvaluator(3e-5, 3e-5), valid, lambda _: None, *grid,
+                                   on_pass=stop_after_seven)
+    fake = _FakeEvaluator(3e-5, 3e-5)
+    resumed = convergence.search_dynamic(fake, valid, lambda _: None, *grid, done=recorded)
+    assert resumed == whole
+    assert len(fake.calls) == len(whole["passes"]) - 7
+    assert not {(e, l, n) for e, l, n in fake.calls} & {
+        (p["learning_rate"], p["decay_rate"], p["tokens"]) for p in recorded}
 
 
 def test_separation_is_in_standard_errors_of_block_means(convergence):
