@@ -956,8 +956,9 @@ def evaluate_run(record, name, row, candidate, corpus, args):
         sequence_length=training["sequence_length"],
     )
     static = {"temperature": tau["temperature"], "weights": weights}
-    static["valid_perplexity"] = lm.evaluate_language_model(model, corpus.valid, training)["perplexity"]
-    static["test_perplexity"] = lm.evaluate_language_model(model, corpus.test, training)["perplexity"]
+    for split in ("valid", "test"):
+        static[f"{split}_perplexity"] = lm.evaluate_language_model(
+            model, corpus[split], training)["perplexity"]
     for split in ("valid", "test"):
         losses = lm.static_stream_losses(model, corpus[split])
         static[f"{split}_perplexity_one_stream"] = float(math.exp(losses.mean()))
