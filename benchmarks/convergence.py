@@ -695,11 +695,24 @@ def _done(entry, until):
     return bool(entry.get("converged")) or len(entry["epochs"]) >= until
 
 
+def _untested(record, name, until):
+    """Whether run `name` is one of the winner's seeds, trained to its end
+    but not tested yet (its session ended during its tests): a worker
+    tests it, beside the seeds still training."""
+    cap = seed_cap(record.data["settings"])
+    entry = record.run(name)
+    is_seed = name == record.data.get("winner") or name.startswith("seed")
+    return is_seed and until >= cap and _done(entry, cap) and "dynamic" not in entry
+
+
 def train_all(record, units, row, corpus, args):
     """Trains each `(name, candidate, seed, until)` not done yet: in this
     process one after another, or with `--jobs N` in N worker processes at
-    once. Returns False if `--stop-after-units` stopped it."""
+    once. Returns False if `--stop-after-units` stopped it. With workers, a
+    seed trained but not tested is given one too, to be tested."""
     pending = [u for u in units if not _done(record.run(u[0]), u[3])]
+    if args.jobs > 1:
+        pending += [u for u in units if u not in pending and _untested(record, u[0], u[3])]
     if args.jobs <= 1 or len(pending) <= 1:
         for name, candidate, seed, until in pending:
             train_run(record, name, row, candidate, seed, until, corpus, args)
@@ -721,7 +734,8 @@ def train_all(record, units, row, corpus, args):
             name, _, _, until = queue.pop(0)
             command = [sys.executable, os.path.abspath(__file__)] + worker_argv(args) + [
                 "--run", name, "--until", str(until)]
-            log(f"{row['name']} {name}: worker started, to epoch {until}")
+            log(f"{row['name']} {name}: worker started, " + (
+                "to test it" if _done(record.run(name), until) else f"to epoch {until}"))
             running.append((name, subprocess.Popen(command, env=env)))
         time.sleep(1)
         for item in list(running):

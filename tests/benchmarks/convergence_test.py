@@ -409,6 +409,31 @@ def test_seeds_whose_weights_are_all_gone_train_again_side_by_side(
         assert math.isfinite(run["dynamic"]["test_perplexity"])
 
 
+def test_seeds_trained_but_untested_are_tested_in_workers(
+        convergence, stopped_and_resumed, row, tmp_path, monkeypatch):
+    """A session that ended during the seeds' tests: with --jobs, each
+    untested seed gets a worker of its own, not a turn in the main process
+    after every other seed has trained."""
+    for name in row["seeds"].values():
+        _untested_copy(stopped_and_resumed, tmp_path, name)
+    tested_here = []
+    original = convergence.finish_seed
+
+    def finish_seed(record, name, *args, **kwargs):
+        if "dynamic" not in record.run(name):
+            tested_here.append(name)
+        return original(record, name, *args, **kwargs)
+
+    monkeypatch.setattr(convergence, "finish_seed", finish_seed)
+    again = _run(convergence, tmp_path, "--resume", "--jobs", "2")
+    assert tested_here == []
+    for name in row["seeds"].values():
+        run = again["runs"][name]
+        assert run["epochs"] == row["runs"][name]["epochs"]  # not trained again
+        assert run["static"]["weights"].endswith(f"{name}.float16.npz")
+        assert math.isfinite(run["dynamic"]["test_perplexity"])
+
+
 def test_plateau_keeps_the_validated_weights_and_stops(convergence, tmp_path):
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     path = str(tmp_path / "best.npz")
