@@ -695,14 +695,18 @@ def _done(entry, until):
     return bool(entry.get("converged")) or len(entry["epochs"]) >= until
 
 
-def _untested(record, name, until):
-    """Whether run `name` is one of the winner's seeds, trained to its end
-    but not tested yet (its session ended during its tests): a worker
-    tests it, beside the seeds still training."""
+def _trained_seed(record, name, until):
+    """Whether run `name`, trained to `until`, is one of the winner's seeds
+    trained to its end (and so is to be tested)."""
     cap = seed_cap(record.data["settings"])
-    entry = record.run(name)
     is_seed = name == record.data.get("winner") or name.startswith("seed")
-    return is_seed and until >= cap and _done(entry, cap) and "dynamic" not in entry
+    return is_seed and until >= cap and _done(record.run(name), cap)
+
+
+def _untested(record, name, until):
+    """A trained seed not tested yet (its session ended during its tests):
+    a worker tests it, beside the seeds still training."""
+    return _trained_seed(record, name, until) and "dynamic" not in record.run(name)
 
 
 def train_all(record, units, row, corpus, args):
@@ -932,10 +936,8 @@ def worker(record, row, corpus, args):
             f"Expected --run among {names} or seedN once the row has a winner. "
             f"Received: {args.run!r}"
         )
-    entry = train_run(record, args.run, row, candidate, seed, args.until, corpus, args)
-    cap = seed_cap(record.data["settings"])
-    is_seed = args.run == record.data.get("winner") or args.run.startswith("seed")
-    if is_seed and args.until >= cap and _done(entry, cap):
+    train_run(record, args.run, row, candidate, seed, args.until, corpus, args)
+    if _trained_seed(record, args.run, args.until):
         finish_seed(record, args.run, row, candidate, corpus, args)
 
 
