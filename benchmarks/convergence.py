@@ -1306,7 +1306,11 @@ def plot(output, path):
         axis.set_title(f"{data['row']} ({data['params']:,} parameters); thick: the "
                        "winner's seeds, dashed: earlier attempts", fontsize=9)
         axis.grid(True, which="both", alpha=0.3)
-        axis.legend(fontsize=7, ncol=2)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7, ncol=2)
+        else:  # a row just started: its panel says so
+            axis.text(0.5, 0.5, "no epoch recorded yet", transform=axis.transAxes,
+                      ha="center", va="center", color="0.4")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -577,3 +577,26 @@ def test_plot_draws_every_row_and_needs_one(convergence, stopped_and_resumed, tm
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="Expected a row's JSON"):
         convergence.plot(str(tmp_path / "empty"), str(tmp_path / "none.png"))
+
+
+def test_plot_marks_a_row_with_no_epoch_yet(convergence, tmp_path, monkeypatch):
+    # A row that has just started (its JSON written, no epoch yet) gets a
+    # panel that says so, and no empty legend (matplotlib warns of one).
+    import json
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mogrifier_rlstm.json").write_text(json.dumps(
+        {"row": "mogrifier_rlstm", "params": 2649600, "settings": {}, "commands": []}))
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda figure: (figures.append(figure), close(figure)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        convergence.plot(str(out), str(tmp_path / "curves.png"))
+    (axis,) = figures[0].axes
+    assert [t.get_text() for t in axis.texts] == ["no epoch recorded yet"]
+    assert axis.get_legend() is None
