@@ -1289,9 +1289,10 @@ def plot(output, path):
                 axis.plot(range(1, len(values) + 1), values, color=color,
                           lw=1.4 if seed else 0.8, ls="--", alpha=0.7)
             values = [e["valid_perplexity"] for e in entry["epochs"]]
-            if values:
+            if values:  # (a lone first epoch drawn as a dot)
                 axis.plot(range(1, len(values) + 1), values, color=color,
-                          lw=2.0 if seed else 0.9, label=name)
+                          lw=2.0 if seed else 0.9, label=name,
+                          marker="." if len(values) == 1 else None)
         for stage in data.get("rungs", []):
             axis.axvline(stage["epochs"], color="0.6", ls=":", lw=0.8)
         if "winner" in data:  # the final ranking; the seeds go on to their plateau
@@ -1306,14 +1307,36 @@ def plot(output, path):
         axis.set_title(f"{data['row']} ({data['params']:,} parameters); thick: the "
                        "winner's seeds, dashed: earlier attempts", fontsize=9)
         axis.grid(True, which="both", alpha=0.3)
+        if "winner" in data:
+            _seeds_inset(axis, data, seeds)
         if axis.get_legend_handles_labels()[0]:
-            axis.legend(fontsize=7, ncol=2)
+            axis.legend(fontsize=7, ncol=2, loc="upper right")
         else:  # a row just started: its panel says so
             axis.text(0.5, 0.5, "no epoch recorded yet", transform=axis.transAxes,
                       ha="center", va="center", color="0.4")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _seeds_inset(axis, data, seeds):
+    """An inset of `axis`: the winner's seeds from half the final ranking's
+    budget on, on a linear scale where the plateau shows, each seed's kept
+    epoch (its lowest validation) marked."""
+    start = max(1, data["settings"]["max_epochs"] // 2)
+    inset = axis.inset_axes([0.40, 0.27, 0.57, 0.38])
+    for index, (name, entry) in enumerate(sorted(data["runs"].items())):
+        values = [e["valid_perplexity"] for e in entry["epochs"]]
+        if name not in seeds or len(values) < start:
+            continue
+        color = f"C{index % 10}"
+        inset.plot(range(start, len(values) + 1), values[start - 1:], color=color, lw=1.2)
+        if entry.get("best_epoch"):
+            best = entry["best_epoch"]
+            inset.plot([best], [values[best - 1]], "o", color=color, ms=3)
+    inset.set_title(f"the seeds from epoch {start} (dot: the kept epoch)", fontsize=7)
+    inset.tick_params(labelsize=6)
+    inset.grid(True, alpha=0.3)
 
 
 def main(argv=None):

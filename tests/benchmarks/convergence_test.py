@@ -571,10 +571,36 @@ def test_the_table_gives_the_seeds_spread_and_every_candidates_ranks(
     assert sum(l.startswith(f"| lstm | {row['units']} |") for l in lines) == len(row["runs"])
 
 
-def test_plot_draws_every_row_and_needs_one(convergence, stopped_and_resumed, tmp_path):
+def _captured_figures(monkeypatch):
+    """The figures `plot` closes, kept for a look at what it drew."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda figure: (figures.append(figure), close(figure)))
+    return figures
+
+
+def test_plot_draws_every_row_and_needs_one(
+        convergence, stopped_and_resumed, row, tmp_path, monkeypatch):
     path = tmp_path / "curves.png"
+    figures = _captured_figures(monkeypatch)
     convergence.main(["--output", str(stopped_and_resumed[2] / "out"), "--plot", str(path)])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The finished row's panel has an inset of its seeds from half the final
+    # ranking's budget on, each seed's kept epoch dotted.
+    (panel,) = figures[0].axes
+    (inset,) = panel.child_axes
+    seeds = list(row["seeds"].values())
+    start = max(1, row["settings"]["max_epochs"] // 2)
+    curves = [l for l in inset.lines if l.get_linestyle() == "-"]
+    dots = [l for l in inset.lines if l.get_marker() == "o"]
+    assert len(curves) == len(seeds) and len(dots) == len(seeds)
+    for name, dot in zip(sorted(seeds), dots):
+        entry = row["runs"][name]
+        assert list(dot.get_xdata()) == [entry["best_epoch"]]
+        assert list(dot.get_ydata()) == [entry["epochs"][entry["best_epoch"] - 1]["valid_perplexity"]]
+    assert all(min(c.get_xdata()) == start for c in curves)
     with pytest.raises(ValueError, match="Expected a row's JSON"):
         convergence.plot(str(tmp_path / "empty"), str(tmp_path / "none.png"))
 
@@ -585,15 +611,11 @@ def test_plot_marks_a_row_with_no_epoch_yet(convergence, tmp_path, monkeypatch):
     import json
     import warnings
 
-    import matplotlib.pyplot as plt
-
     out = tmp_path / "out"
     out.mkdir()
     (out / "mogrifier_rlstm.json").write_text(json.dumps(
         {"row": "mogrifier_rlstm", "params": 2649600, "settings": {}, "commands": []}))
-    figures = []
-    close = plt.close
-    monkeypatch.setattr(plt, "close", lambda figure: (figures.append(figure), close(figure)))
+    figures = _captured_figures(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         convergence.plot(str(out), str(tmp_path / "curves.png"))
