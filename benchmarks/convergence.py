@@ -1281,6 +1281,7 @@ def plot(output, path):
     figure, axes = plt.subplots(1, len(rows), figsize=(6.5 * len(rows), 4.5), squeeze=False)
     for axis, data in zip(axes[0], rows):
         seeds = {data.get("winner")} | {n for n in data["runs"] if n.startswith("seed")}
+        seed_curves = []  # (color, values, best epoch) of each seed, for the inset
         for index, (name, entry) in enumerate(sorted(data["runs"].items())):
             color = f"C{index % 10}"
             seed = name in seeds
@@ -1293,6 +1294,8 @@ def plot(output, path):
                 axis.plot(range(1, len(values) + 1), values, color=color,
                           lw=2.0 if seed else 0.9, label=name,
                           marker="." if len(values) == 1 else None)
+            if seed:
+                seed_curves.append((color, values, entry.get("best_epoch")))
         for stage in data.get("rungs", []):
             axis.axvline(stage["epochs"], color="0.6", ls=":", lw=0.8)
         if "winner" in data:  # the final ranking; the seeds go on to their plateau
@@ -1308,7 +1311,7 @@ def plot(output, path):
                        "winner's seeds, dashed: earlier attempts", fontsize=9)
         axis.grid(True, which="both", alpha=0.3)
         if "winner" in data:
-            _seeds_inset(axis, data, seeds)
+            _seeds_inset(axis, seed_curves, max(1, data["settings"]["max_epochs"] // 2))
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=7, ncol=2, loc="upper right")
         else:  # a row just started: its panel says so
@@ -1319,20 +1322,17 @@ def plot(output, path):
     plt.close(figure)
 
 
-def _seeds_inset(axis, data, seeds):
-    """An inset of `axis`: the winner's seeds from half the final ranking's
-    budget on, on a linear scale where the plateau shows, each seed's kept
+def _seeds_inset(axis, seed_curves, start):
+    """An inset of `axis`: the winner's seeds (`(color, values, best_epoch)`
+    as the panel drew them) from epoch `start` (half the final ranking's
+    budget) on, on a linear scale where the plateau shows, each seed's kept
     epoch (its lowest validation) marked."""
-    start = max(1, data["settings"]["max_epochs"] // 2)
     inset = axis.inset_axes([0.40, 0.27, 0.57, 0.38])
-    for index, (name, entry) in enumerate(sorted(data["runs"].items())):
-        values = [e["valid_perplexity"] for e in entry["epochs"]]
-        if name not in seeds or len(values) < start:
+    for color, values, best in seed_curves:
+        if len(values) < start:
             continue
-        color = f"C{index % 10}"
         inset.plot(range(start, len(values) + 1), values[start - 1:], color=color, lw=1.2)
-        if entry.get("best_epoch"):
-            best = entry["best_epoch"]
+        if best:
             inset.plot([best], [values[best - 1]], "o", color=color, ms=3)
     inset.set_title(f"the seeds from epoch {start} (dot: the kept epoch)", fontsize=7)
     inset.tick_params(labelsize=6)
