@@ -134,6 +134,63 @@ def command_line(script, argv=None, backend=None):
     return f"KERAS_BACKEND={backend} {command}" if backend else command
 
 
+# A process started with this variable set ("0", or "0,1") runs on those CPU
+# cores only: `pin_to_cores` applies it when this module is imported, before
+# a backend creates its thread pools (they size themselves to the cores a
+# process may use). Workers side by side on a small machine each given a
+# core of their own do not preempt each other's threads
+# (`convergence_cost.py` measures what that buys; `convergence.py` gives each
+# `--jobs` worker a core of its own while there are free ones).
+CORES_VARIABLE = "KERAS_MOGRIFIER_BENCHMARK_CORES"
+
+
+def parse_cores(value):
+    """The set of CPU cores a `CORES_VARIABLE` value names ("0", "0,1")."""
+    try:
+        cores = {int(part) for part in str(value).split(",")}
+    except ValueError:
+        cores = set()
+    if not cores or min(cores) < 0:
+        raise ValueError(
+            f"Expected {CORES_VARIABLE} to name CPU cores as non-negative integers "
+            f"separated by commas (\"0\" or \"0,1\"). Received: {value!r}"
+        )
+    return cores
+
+
+def pin_to_cores(value=None):
+    """Runs this process (and the threads it starts from now on) on the CPU
+    cores `value` names; by default those of `CORES_VARIABLE`, if it is set.
+    Returns the cores it pinned to, or `None` (nothing set, or a platform
+    without `os.sched_setaffinity`).
+
+    Raises:
+        ValueError: `value` names no cores, or cores this process may not use.
+    """
+    value = os.environ.get(CORES_VARIABLE) if value is None else value
+    if not value or not hasattr(os, "sched_setaffinity"):
+        return None
+    cores = parse_cores(value)
+    allowed = os.sched_getaffinity(0)
+    if not cores <= allowed:
+        raise ValueError(
+            f"Expected {CORES_VARIABLE} to name cores this process may use "
+            f"({sorted(allowed)}). Received: {value!r}"
+        )
+    os.sched_setaffinity(0, cores)
+    return cores
+
+
+def free_core(taken):
+    """A core of this process's own that no worker in `taken` (the cores
+    given to the workers still running) has, or `None` when every core is
+    taken (then a further worker shares them all) or the platform cannot pin."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    free = sorted(os.sched_getaffinity(0) - set(taken))
+    return free[0] if free else None
+
+
 def usable_cpus():
     """The CPUs this process may run on (its affinity), else the machine's."""
     if hasattr(os, "sched_getaffinity"):
@@ -651,3 +708,6 @@ def _child(script, name, arguments, result):
         function = getattr(function, part)
     value = function(*[_decode(a) for a in read_json(arguments)])
     write_json(result, value, indent=None)
+
+
+pin_to_cores()

@@ -738,9 +738,18 @@ def train_all(record, units, row, corpus, args):
             name, _, _, until = queue.pop(0)
             command = [sys.executable, os.path.abspath(__file__)] + worker_argv(args) + [
                 "--run", name, "--until", str(until)]
+            # A core of its own while one is free: workers that share every
+            # core preempt each other's threads (two Mogrifier RLSTM workers
+            # on 2 cores: `convergence_cost.py`'s pinned rows).
+            core = _harness.free_core([item[2] for item in running])
+            worker_env = dict(env)
+            worker_env.pop(_harness.CORES_VARIABLE, None)
+            if core is not None:
+                worker_env[_harness.CORES_VARIABLE] = str(core)
             log(f"{row['name']} {name}: worker started, " + (
-                "to test it" if _done(record.run(name), until) else f"to epoch {until}"))
-            running.append((name, subprocess.Popen(command, env=env)))
+                "to test it" if _done(record.run(name), until) else f"to epoch {until}")
+                + ("" if core is None else f", on core {core}"))
+            running.append((name, subprocess.Popen(command, env=worker_env), core))
         time.sleep(1)
         for item in list(running):
             if item[1].poll() is not None:

@@ -20,7 +20,10 @@ gives:
   over the search's first validation slice costs;
 - **workers side by side**: N processes of the `--workers-row` at once
   (each waits until all are compiled, then times its steps), and the steps
-  per second they make together: what `--jobs N` buys on this machine.
+  per second they make together: what `--jobs N` buys on this machine —
+  each worker free to run on every core ("shared"), and each on a core of
+  its own ("pinned", for N up to the cores this process may use), as
+  `convergence.py` places its workers while there are free cores.
 
     python benchmarks/convergence_cost.py --json benchmarks/results/convergence_cost.json
 
@@ -41,6 +44,7 @@ _harness.environment(backend="jax")
 
 ONE_XLA_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 ROWS = ("lstm", "mogrifier_rlstm", "mogrifier_lstm")
+PLACEMENTS = ("shared", "pinned")
 # Penn Treebank's training text as the study reads it: 887,521 words and
 # 42,068 line ends (`load_corpus` on `ptb.train.txt`) = 929,589 tokens.
 PTB_TRAIN_TOKENS = 929_589
@@ -191,13 +195,22 @@ def softmax_floor_worker(args, units):
             "flops": 3 * 2 * tokens * units * args.vocabulary}
 
 
-def run_side_by_side(args, name, units, count):
-    """`count` train workers at once, timed over the same steps."""
-    env = {"XLA_FLAGS": ONE_XLA_THREAD}
+def run_side_by_side(args, name, units, count, pinned=False):
+    """`count` train workers at once, timed over the same steps; with
+    `pinned`, each on a core of its own."""
+    cores = sorted(os.sched_getaffinity(0)) if pinned else []
+    if pinned and count > len(cores):
+        raise ValueError(
+            f"Expected at most {len(cores)} pinned workers (a core each). "
+            f"Received: {count}"
+        )
     results = [None] * count
     errors = []
     with tempfile.TemporaryDirectory(prefix="convergence_cost_barrier_") as barrier:
         def one(index):
+            env = {"XLA_FLAGS": ONE_XLA_THREAD, _harness.CORES_VARIABLE: ""}
+            if pinned:
+                env[_harness.CORES_VARIABLE] = str(cores[index])
             try:
                 results[index] = _harness.run_in_backend(
                     train_worker, args, name, units, barrier, count, backend="jax",
@@ -221,6 +234,9 @@ def main():
     parser.add_argument("--workers-row", default="lstm")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3],
                         help="how many workers side by side, one run each")
+    parser.add_argument("--placements", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS),
+                        help="workers free to run on every core (shared), each on a "
+                        "core of its own (pinned; counts up to the usable cores)")
     parser.add_argument("--parameters", type=int, default=None,
                         help="the study's budget (default: its own, 2.65M)")
     parser.add_argument("--vocabulary", type=int, default=10_000)
@@ -279,21 +295,34 @@ def main():
         }
         print(f"{name}: step {step:.3f} s, softmax floor {floor['median_s']:.3f} s",
               file=sys.stderr, flush=True)
-    side_by_side = {}
+    placements = {placement: {} for placement in args.placements}
     units, _ = row_units(args, args.workers_row)
     for count in args.workers:
-        results = run_side_by_side(args, args.workers_row, units, count)
-        medians = [r["median_step_s"] for r in results]
-        side_by_side[str(count)] = {
-            "median_step_s": medians,
-            "steps_per_s": sum(1.0 / m for m in medians),
-        }
-        print(f"{count} worker(s): steps {medians}", file=sys.stderr, flush=True)
-    alone = side_by_side[str(min(args.workers))]["steps_per_s"] / min(args.workers)
-    for count, entry in side_by_side.items():
-        entry["throughput_over_one"] = entry["steps_per_s"] / alone
-        entry["epoch_s_each"] = epoch_steps * statistics.mean(entry["median_step_s"])
-        entry["epochs_per_hour"] = 3600 * entry["steps_per_s"] / epoch_steps
+        for placement, side_by_side in placements.items():
+            if placement == "pinned" and (count > _harness.usable_cpus()
+                                          or not hasattr(os, "sched_setaffinity")):
+                continue  # a core each: no more workers than cores
+            results = run_side_by_side(args, args.workers_row, units, count,
+                                       pinned=placement == "pinned")
+            medians = [r["median_step_s"] for r in results]
+            side_by_side[str(count)] = {
+                "median_step_s": medians,
+                "steps_per_s": sum(1.0 / m for m in medians),
+            }
+            print(f"{count} worker(s), {placement}: steps {medians}", file=sys.stderr,
+                  flush=True)
+    reference = placements[args.placements[0]]
+    alone = reference[str(min(args.workers))]["steps_per_s"] / min(args.workers)
+    for placement, side_by_side in placements.items():
+        for count, entry in side_by_side.items():
+            # Against one worker alone in the first placement (a lone worker
+            # pinned to one core and one free to use both differ in threads).
+            entry["throughput_over_one"] = entry["steps_per_s"] / alone
+            entry["epoch_s_each"] = epoch_steps * statistics.mean(entry["median_step_s"])
+            entry["epochs_per_hour"] = 3600 * entry["steps_per_s"] / epoch_steps
+            if placement != "shared" and count in placements.get("shared", {}):
+                entry["steps_per_s_over_shared"] = (
+                    entry["steps_per_s"] / placements["shared"][count]["steps_per_s"])
 
     print(f"The study's work on JAX, one thread per worker; batch {args.batch} × "
           f"{args.window}; an epoch = {epoch_steps} steps ({args.train_tokens:,} tokens); "
@@ -309,20 +338,26 @@ def main():
               f"{r['step_over_softmax_floor']:.2f} | {r['dynamic_ms_per_token']:.2f} | "
               f"{r['search_pass_s']:.0f} |")
     print()
-    print(f"| {args.workers_row} workers at once | step of each (s) | steps/s together "
-          "| × one alone | epoch of each (s) | epochs an hour together |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: |")
-    for count, e in side_by_side.items():
-        print(f"| {count} | {', '.join(f'{m:.3f}' for m in e['median_step_s'])} | "
-              f"{e['steps_per_s']:.2f} | {e['throughput_over_one']:.2f} | "
-              f"{e['epoch_s_each']:.0f} | {e['epochs_per_hour']:.1f} |")
+    print(f"| {args.workers_row} workers at once | placement | step of each (s) "
+          "| steps/s together | × one alone | × shared | epoch of each (s) "
+          "| epochs an hour together |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for placement, side_by_side in placements.items():
+        for count, e in side_by_side.items():
+            over = e.get("steps_per_s_over_shared")
+            print(f"| {count} | {placement} | "
+                  f"{', '.join(f'{m:.3f}' for m in e['median_step_s'])} | "
+                  f"{e['steps_per_s']:.2f} | {e['throughput_over_one']:.2f} | "
+                  f"{'' if over is None else f'{over:.2f}'} | "
+                  f"{e['epoch_s_each']:.0f} | {e['epochs_per_hour']:.1f} |")
     if args.json:
         _harness.write_json(args.json, {
             "command": _harness.command_line(__file__, backend="jax"),
             "machine": _harness.machine(), "versions": _harness.versions(),
             "quiet_machine": quiet, "load_average_end": _harness.load_average(),
             "settings": vars(args), "epoch_steps": epoch_steps, "rows": rows,
-            "side_by_side": side_by_side,
+            "side_by_side": placements.get("shared", {}),
+            "side_by_side_pinned": placements.get("pinned", {}),
         })
     return 0
 

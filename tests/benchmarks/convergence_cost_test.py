@@ -57,3 +57,21 @@ def test_the_dynamic_pass_is_timed_per_token(cost):
     args = _args()
     units, _ = cost.row_units(args, "lstm")
     assert cost.dynamic_worker(args, "lstm", units)["median_ms_per_token"] > 0
+
+
+def test_pinned_workers_get_a_core_each_and_shared_ones_none(cost, monkeypatch):
+    given = []
+
+    def run_in_backend(function, *args, env=None, **kwargs):
+        given.append(env[cost._harness.CORES_VARIABLE])
+        return {"median_step_s": 1.0}
+
+    monkeypatch.setattr(cost._harness, "run_in_backend", run_in_backend)
+    cores = sorted(os.sched_getaffinity(0))
+    cost.run_side_by_side(_args(), "lstm", 8, len(cores), pinned=True)
+    assert sorted(given) == [str(c) for c in cores]
+    given.clear()
+    cost.run_side_by_side(_args(), "lstm", 8, 2)
+    assert given == ["", ""]  # an inherited variable pins nothing
+    with pytest.raises(ValueError, match="a core each"):
+        cost.run_side_by_side(_args(), "lstm", 8, len(cores) + 1, pinned=True)

@@ -405,6 +405,9 @@ def test_seeds_whose_weights_are_all_gone_train_again_side_by_side(
         assert attempts[-1]["epochs"] == kept and attempts[-1]["why"]
         assert len(run["epochs"]) == len(entry["epochs"])  # trained again, to its end
         assert " --until " in run["environment"][-1]["command"], name
+        if len(getattr(os, "sched_getaffinity", lambda _: ())(0)) >= 2:
+            # Two workers, two free cores: each ran on a core of its own.
+            assert run["environment"][-1]["cpus_usable"] == 1, name
         assert run["static"]["weights"] == run["weights"]  # the new float32 file
         assert math.isfinite(run["dynamic"]["test_perplexity"])
 

@@ -231,6 +231,10 @@ WORKER = textwrap.dedent('''
         raise SystemExit(3)
 
 
+    def cores():
+        return sorted(os.sched_getaffinity(0))
+
+
     if __name__ == "__main__":
         raise SystemExit("the worker must not run the script's main block")
 ''')
@@ -262,3 +266,31 @@ def test_a_failed_worker_raises_with_its_status(harness, worker_module):
     with pytest.raises(harness.WorkerError) as raised:
         harness.run_in_backend(worker_module.fail, capture_output=True)
     assert raised.value.returncode == 3
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_a_worker_given_a_core_runs_on_it_alone(harness, worker_module):
+    mine = sorted(os.sched_getaffinity(0))
+    pinned = harness.run_in_backend(
+        worker_module.cores, env={harness.CORES_VARIABLE: str(mine[-1])})
+    assert pinned == [mine[-1]]
+    # Set empty, the variable pins nothing: the worker has every core this process has.
+    assert harness.run_in_backend(worker_module.cores, env={harness.CORES_VARIABLE: ""}) == mine
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+@pytest.mark.parametrize("value", ["x", "0,,1", "-1", "1.5", str(10**6)])
+def test_cores_that_do_not_parse_or_are_not_ours_are_a_value_error(harness, value):
+    before = os.sched_getaffinity(0)
+    with pytest.raises(ValueError, match=harness.CORES_VARIABLE) as raised:
+        harness.pin_to_cores(value)
+    assert repr(value) in str(raised.value)
+    assert os.sched_getaffinity(0) == before  # nothing changed
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_a_free_core_is_one_no_running_worker_has(harness):
+    mine = sorted(os.sched_getaffinity(0))
+    assert harness.free_core([]) == mine[0]
+    assert harness.free_core(mine[:1]) == (mine[1] if len(mine) > 1 else None)
+    assert harness.free_core(mine) is None  # all taken: the next worker shares them
