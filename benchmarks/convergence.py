@@ -50,7 +50,9 @@ it stopped, exactly as the uninterrupted run would have gone. A run whose
 checkpoint is gone (resumed on another machine) trains again from epoch 1;
 the epochs it had recorded stay in its JSON under `earlier_attempts`. One row per
 process, and one row finished before the next starts (issue 40), in `ROWS`'
-order; `--jobs N` trains N runs of the row at once.
+order; `--jobs N` trains N runs of the row at once, each worker on a CPU
+core of its own while one is free (two side by side on 2 cores: 1.10× the
+steps of two sharing both, `convergence_cost.py`).
 
     # a row, in the background, resumable (hours to days on a CPU)
     KERAS_BACKEND=jax nohup python benchmarks/convergence.py \\
@@ -1290,12 +1292,14 @@ def plot(output, path):
     figure, axes = plt.subplots(1, len(rows), figsize=(6.5 * len(rows), 4.5), squeeze=False)
     for axis, data in zip(axes[0], rows):
         seeds = {data.get("winner")} | {n for n in data["runs"] if n.startswith("seed")}
-        seed_curves = []  # (color, values, best epoch) of each seed, for the inset
+        seed_curves = []  # (color, values, best epoch, earlier attempts) of each seed
         for index, (name, entry) in enumerate(sorted(data["runs"].items())):
             color = f"C{index % 10}"
             seed = name in seeds
+            attempts = []
             for attempt in entry.get("earlier_attempts", []):
                 values = [e["valid_perplexity"] for e in attempt["epochs"]]
+                attempts.append(values)
                 axis.plot(range(1, len(values) + 1), values, color=color,
                           lw=1.4 if seed else 0.8, ls="--", alpha=0.7)
             values = [e["valid_perplexity"] for e in entry["epochs"]]
@@ -1304,7 +1308,7 @@ def plot(output, path):
                           lw=2.0 if seed else 0.9, label=name,
                           marker="." if len(values) == 1 else None)
             if seed:
-                seed_curves.append((color, values, entry.get("best_epoch")))
+                seed_curves.append((color, values, entry.get("best_epoch"), attempts))
         for stage in data.get("rungs", []):
             axis.axvline(stage["epochs"], color="0.6", ls=":", lw=0.8)
         if "winner" in data:  # the final ranking; the seeds go on to their plateau
@@ -1332,12 +1336,17 @@ def plot(output, path):
 
 
 def _seeds_inset(axis, seed_curves, start):
-    """An inset of `axis`: the winner's seeds (`(color, values, best_epoch)`
-    as the panel drew them) from epoch `start` (half the final ranking's
-    budget) on, on a linear scale where the plateau shows, each seed's kept
-    epoch (its lowest validation) marked."""
+    """An inset of `axis`: the winner's seeds (`(color, values, best_epoch,
+    earlier_attempts)` as the panel drew them) from epoch `start` (half the
+    final ranking's budget) on, on a linear scale where the plateau shows,
+    each seed's kept epoch (its lowest validation) marked and its earlier
+    attempts dashed."""
     inset = axis.inset_axes([0.40, 0.27, 0.57, 0.38])
-    for color, values, best in seed_curves:
+    for color, values, best, attempts in seed_curves:
+        for attempt in attempts:
+            if len(attempt) >= start:
+                inset.plot(range(start, len(attempt) + 1), attempt[start - 1:], color=color,
+                           lw=1.0, ls="--", alpha=0.7)
         if len(values) < start:
             continue
         inset.plot(range(start, len(values) + 1), values[start - 1:], color=color, lw=1.2)

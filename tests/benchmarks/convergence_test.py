@@ -5,6 +5,7 @@ row resumed to the same numbers as one run through."""
 import json
 import math
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -211,8 +212,6 @@ def test_a_run_whose_checkpoint_is_gone_starts_again_and_keeps_what_it_had(
         convergence, tmp_path):
     """A run resumed on a machine without its checkpoint trains again from
     epoch 1; the epochs it had recorded are kept, not overwritten."""
-    import shutil
-
     first = _run(convergence, tmp_path, "--stop-after-units", "1")
     (name, run), = [(n, r) for n, r in first["runs"].items() if r["epochs"]]
     shutil.rmtree(tmp_path / "work")  # the checkpoint, lost with its machine
@@ -280,8 +279,6 @@ def test_the_best_seeds_saved_model_is_not_git_ignored():
 def _untested_copy(stopped_and_resumed, tmp, name):
     """The finished row's results (not its --work-dir) copied to `tmp` (once),
     with seed `name`'s tests deleted: a seed trained on a machine that is gone."""
-    import shutil
-
     if not (tmp / "out").exists():
         shutil.copytree(stopped_and_resumed[2] / "out", tmp / "out")
     path = tmp / "out" / "lstm" / f"{name}.json"
@@ -604,6 +601,22 @@ def test_plot_draws_every_row_and_needs_one(
         assert list(dot.get_xdata()) == [entry["best_epoch"]]
         assert list(dot.get_ydata()) == [entry["epochs"][entry["best_epoch"] - 1]["valid_perplexity"]]
     assert all(min(c.get_xdata()) == start for c in curves)
+    # A seed trained again on another machine: its earlier attempt is dashed
+    # in the inset too, from the same epoch on.
+    copy = tmp_path / "copy"
+    shutil.copytree(stopped_and_resumed[2] / "out", copy)
+    name = sorted(seeds)[-1]
+    path = copy / "lstm" / f"{name}.json"
+    entry = json.loads(path.read_text())
+    earlier = [dict(e, valid_perplexity=e["valid_perplexity"] + 1) for e in entry["epochs"]]
+    entry["earlier_attempts"] = [{"epochs": earlier, "why": "its machine went"}]
+    path.write_text(json.dumps(entry))
+    figures.clear()
+    convergence.plot(str(copy), str(tmp_path / "again.png"))
+    (inset,) = figures[0].axes[0].child_axes
+    (dashed,) = [l for l in inset.lines if l.get_linestyle() == "--"]
+    assert list(dashed.get_xdata()) == list(range(start, len(earlier) + 1))
+    assert list(dashed.get_ydata()) == [e["valid_perplexity"] for e in earlier[start - 1:]]
     with pytest.raises(ValueError, match="Expected a row's JSON"):
         convergence.plot(str(tmp_path / "empty"), str(tmp_path / "none.png"))
 
