@@ -181,13 +181,19 @@ def pin_to_cores(value=None):
     return cores
 
 
+def own_cores():
+    """The cores this process may run on, sorted, to give to workers one
+    each; none where the platform cannot pin (no `os.sched_setaffinity`)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return []
+    return sorted(os.sched_getaffinity(0))
+
+
 def free_core(taken):
-    """A core of this process's own that no worker in `taken` (the cores
-    given to the workers still running) has, or `None` when every core is
-    taken (then a further worker shares them all) or the platform cannot pin."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    free = sorted(os.sched_getaffinity(0) - set(taken))
+    """A core of `own_cores()` that no worker in `taken` (the cores given to
+    the workers still running) has, or `None` when every core is taken (then
+    a further worker shares them all) or the platform cannot pin."""
+    free = [core for core in own_cores() if core not in taken]
     return free[0] if free else None
 
 

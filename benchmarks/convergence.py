@@ -734,6 +734,7 @@ def train_all(record, units, row, corpus, args):
                         "intra_op_parallelism_threads=1").strip()
     # On a GPU, JAX would give the first worker 75 % of its memory.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    env.pop(_harness.CORES_VARIABLE, None)  # each worker's core is its own (below)
     queue, running, failed = list(pending), [], []
     while queue or running:
         while queue and len(running) < args.jobs:
@@ -744,10 +745,7 @@ def train_all(record, units, row, corpus, args):
             # core preempt each other's threads (two Mogrifier RLSTM workers
             # on 2 cores: `convergence_cost.py`'s pinned rows).
             core = _harness.free_core([item[2] for item in running])
-            worker_env = dict(env)
-            worker_env.pop(_harness.CORES_VARIABLE, None)
-            if core is not None:
-                worker_env[_harness.CORES_VARIABLE] = str(core)
+            worker_env = env if core is None else dict(env, **{_harness.CORES_VARIABLE: str(core)})
             log(f"{row['name']} {name}: worker started, " + (
                 "to test it" if _done(record.run(name), until) else f"to epoch {until}")
                 + ("" if core is None else f", on core {core}"))

@@ -198,7 +198,7 @@ def softmax_floor_worker(args, units):
 def run_side_by_side(args, name, units, count, pinned=False):
     """`count` train workers at once, timed over the same steps; with
     `pinned`, each on a core of its own."""
-    cores = sorted(os.sched_getaffinity(0)) if pinned else []
+    cores = _harness.own_cores() if pinned else []
     if pinned and count > len(cores):
         raise ValueError(
             f"Expected at most {len(cores)} pinned workers (a core each). "
@@ -299,8 +299,7 @@ def main():
     units, _ = row_units(args, args.workers_row)
     for count in args.workers:
         for placement, side_by_side in placements.items():
-            if placement == "pinned" and (count > _harness.usable_cpus()
-                                          or not hasattr(os, "sched_setaffinity")):
+            if placement == "pinned" and count > len(_harness.own_cores()):
                 continue  # a core each: no more workers than cores
             results = run_side_by_side(args, args.workers_row, units, count,
                                        pinned=placement == "pinned")
