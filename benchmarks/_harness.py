@@ -197,6 +197,35 @@ def free_core(taken):
     return free[0] if free else None
 
 
+def one_core_environment():
+    """The environment entries that start a benchmark process on one core of
+    this process's: `{CORES_VARIABLE: "<core>"}`, or `{}` where the platform
+    cannot pin.
+
+    On CPU this is how a JAX process runs one thread: XLA sizes its thread
+    pool to the cores the process may use, and `XLA_FLAGS` that read as one
+    thread (`--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`)
+    do not shrink it — with them, two pool threads shared a process's work on
+    2 cores (JAX 0.10.2, per-thread CPU time, 2026-12-02; the harness test
+    `test_one_core_is_how_a_jax_process_runs_one_thread` checks both).
+    """
+    cores = own_cores()
+    return {CORES_VARIABLE: str(cores[0])} if cores else {}
+
+
+def run_on_one_core():
+    """Pins this process to one core (`one_core_environment`) unless
+    `CORES_VARIABLE` already chose its cores; call it before a backend starts.
+    Returns the cores this process runs on, or `None` where it cannot pin."""
+    if os.environ.get(CORES_VARIABLE):
+        return pin_to_cores()
+    value = one_core_environment().get(CORES_VARIABLE)
+    if value is None:
+        return None
+    os.environ[CORES_VARIABLE] = value  # and the processes it starts
+    return pin_to_cores(value)
+
+
 def usable_cpus():
     """The CPUs this process may run on (its affinity), else the machine's."""
     if hasattr(os, "sched_getaffinity"):

@@ -727,7 +727,11 @@ def train_all(record, units, row, corpus, args):
         return True
     record.save()
     env = dict(os.environ)
-    # One thread each: the workers share the machine's cores.
+    # One thread each is meant. These flags alone do not make it so on JAX:
+    # XLA sizes its pool to the cores a process may use (two threads on 2
+    # cores, with or without them; `_harness.one_core_environment`), so a
+    # worker runs one thread when it has a core of its own (below). They stay
+    # so that every worker of the study starts as its first ones did.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TF_NUM_INTRAOP_THREADS", "1")
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "

@@ -1,12 +1,14 @@
 """What an epoch of the convergence study costs, and how many workers pay.
 
 The convergence study (`convergence.py`, issue 40) trains each run in a
-worker process of one thread (`--jobs N` of them at once). This script
-times that work — the study's own model, optimizer and callbacks
-(`convergence.run_config`: Rectified Adam, divergence recovery, Two-Tailed
-Averaging, the `TrainingCheckpoint`), at each row's units, batch 32 × 35 —
-in fresh one-thread processes on JAX (the backend the study runs on), and
-gives:
+worker process (`--jobs N` of them at once). This script times that work —
+the study's own model, optimizer and callbacks (`convergence.run_config`:
+Rectified Adam, divergence recovery, Two-Tailed Averaging, the
+`TrainingCheckpoint`), at each row's units, batch 32 × 35 — in fresh
+processes on JAX (the backend the study runs on) with the study's worker
+flags (`XLA_FLAGS` that ask XLA for one thread, and which it does not
+follow: a process free on 2 cores runs a pool of two; pinned to a core,
+one — `_harness.one_core_environment`), and gives:
 
 - **per row**, one worker alone: the median `fit` step (s), tokens/s and
   the training part of an epoch (`--train-tokens` / (32 × 35) steps; the
@@ -42,7 +44,9 @@ import _harness
 
 _harness.environment(backend="jax")
 
-ONE_XLA_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+# The study's workers' XLA flags (`convergence.py`), which read as one thread
+# but leave XLA's pool sized to the process's cores.
+STUDY_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 ROWS = ("lstm", "mogrifier_rlstm", "mogrifier_lstm")
 PLACEMENTS = ("shared", "pinned")
 # Penn Treebank's training text as the study reads it: 887,521 words and
@@ -208,7 +212,7 @@ def run_side_by_side(args, name, units, count, pinned=False):
     errors = []
     with tempfile.TemporaryDirectory(prefix="convergence_cost_barrier_") as barrier:
         def one(index):
-            env = {"XLA_FLAGS": ONE_XLA_THREAD, _harness.CORES_VARIABLE: ""}
+            env = {"XLA_FLAGS": STUDY_XLA_FLAGS, _harness.CORES_VARIABLE: ""}
             if pinned:
                 env[_harness.CORES_VARIABLE] = str(cores[index])
             try:
@@ -272,7 +276,7 @@ def main():
     quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     step_tokens = args.batch * args.window
     epoch_steps = args.train_tokens // step_tokens
-    env = {"XLA_FLAGS": ONE_XLA_THREAD}
+    env = {"XLA_FLAGS": STUDY_XLA_FLAGS}
     rows = {}
     for name in args.rows:
         units, params = row_units(args, name)
@@ -323,7 +327,7 @@ def main():
                 entry["steps_per_s_over_shared"] = (
                     entry["steps_per_s"] / placements["shared"][count]["steps_per_s"])
 
-    print(f"The study's work on JAX, one thread per worker; batch {args.batch} × "
+    print(f"The study's work on JAX, its workers' flags; batch {args.batch} × "
           f"{args.window}; an epoch = {epoch_steps} steps ({args.train_tokens:,} tokens); "
           f"median of {args.steps} steps after {args.warmup}.")
     print("| row | units | params | step (s) | tokens/s | epoch's training (s) "

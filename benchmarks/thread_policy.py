@@ -9,8 +9,12 @@ and prints each backend's slowdown against its own quiet time. PyTorch runs
 twice: with the library's thread policy (`keras_mogrifier.backend`,
 `KERAS_MOGRIFIER_TORCH_THREADS` unset) and with PyTorch's own default
 (`KERAS_MOGRIFIER_TORCH_THREADS=torch`); TensorFlow and JAX run with their
-own defaults and with one thread (`TF_NUM_INTRAOP_THREADS=1`; XLA's
-`intra_op_parallelism_threads=1` without Eigen's multi-threading).
+own defaults and with one thread: TensorFlow with `TF_NUM_INTRAOP_THREADS=1`,
+JAX pinned to one core (`_harness.one_core_environment()`: XLA sizes its
+pool to the process's cores). Until 2026-12-02 the JAX row set `XLA_FLAGS`
+`--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`
+instead, which left XLA's pool as it was: that row of
+`results/thread_policy.json` is a second run of JAX's default.
 
 The work, per process: a `LanguageModel` (RLSTM by default, 2 × 256,
 V = 10k, dropout 0.3, `IWAEDropoutLoss`, Adam) — a `fit` step at batch 32 ×
@@ -39,12 +43,11 @@ import _harness
 
 KEYS = ("train_ms", "static_ms_per_token", "dynamic_ms_per_token")
 # (label, backend, environment): what runs, each in its own processes.
-ONE_XLA_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 CONFIGURATIONS = (
     ("tensorflow", "tensorflow", {}),
     ("tensorflow (1 intra-op thread)", "tensorflow", {"TF_NUM_INTRAOP_THREADS": "1"}),
     ("jax", "jax", {}),
-    ("jax (1 thread)", "jax", {"XLA_FLAGS": ONE_XLA_THREAD}),
+    ("jax (1 core)", "jax", _harness.one_core_environment()),
     ("torch (library policy)", "torch", {}),
     ("torch (PyTorch's default)", "torch", {"KERAS_MOGRIFIER_TORCH_THREADS": "torch"}),
 )

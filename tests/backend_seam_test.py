@@ -148,6 +148,11 @@ def test_the_library_runs_pytorch_on_one_thread_unless_told_otherwise(
         before = backend.thread_settings()
         assert backend.apply_thread_policy() == before
         assert before["backend"] == keras.backend.backend() and before["description"]
+        if keras.backend.backend() == "jax" and hasattr(os, "sched_getaffinity"):
+            # XLA's pool follows the cores, which the settings say.
+            cores = len(os.sched_getaffinity(0))
+            assert before["usable_cores"] == cores
+            assert f"{cores} usable core" in before["description"]
         return
     torch.set_num_threads(2)
     assert backend.apply_thread_policy()["intra_op_threads"] == 1

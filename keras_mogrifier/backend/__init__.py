@@ -218,7 +218,8 @@ def thread_settings():
         A dict: `"backend"`, the backend's own counts (PyTorch:
         `"intra_op_threads"`, `"interop_threads"`; TensorFlow: its
         configured intra- and inter-op threads, 0 meaning its default; JAX:
-        the `XLA_FLAGS` that set its threads) and a one-line
+        `"usable_cores"`, the cores the process may run on, to which XLA
+        sizes its pool, and any thread `XLA_FLAGS`) and a one-line
         `"description"`; `None` on another backend.
     """
     if keras.backend.backend() not in BACKENDS:

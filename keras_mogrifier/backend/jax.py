@@ -30,12 +30,26 @@ def apply_thread_policy():
     return thread_settings()  # XLA's own pools (docs/scaling.md)
 
 
+def usable_cores():
+    """The CPU cores this process may run on (its affinity), else all of them."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def thread_settings():
+    # XLA sizes its CPU thread pool to the cores the process may use; its
+    # thread flags (`--xla_cpu_multi_thread_eigen=false`,
+    # `intra_op_parallelism_threads=1`) leave that pool as it is (JAX 0.10.2,
+    # 2026-12-02: tests/benchmarks/harness_test.py), so the cores are what
+    # says how many threads work.
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if "thread" in f or "eigen" in f]
+    cores = usable_cores()
+    description = f"XLA's default threads, {cores} usable core{'s' if cores != 1 else ''}"
     return {
-        "backend": "jax", "xla_thread_flags": flags,
-        "description": " ".join(flags) if flags else "XLA's default threads",
+        "backend": "jax", "xla_thread_flags": flags, "usable_cores": cores,
+        "description": description + (f" ({' '.join(flags)})" if flags else ""),
     }
 
 

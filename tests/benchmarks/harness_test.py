@@ -235,6 +235,45 @@ WORKER = textwrap.dedent('''
         return sorted(os.sched_getaffinity(0))
 
 
+    def xla_thread_shares(seconds=1.5):
+        """The share of this process's CPU time each of its threads spent on
+        XLA work (a recurrent forward and backward pass, again and again),
+        largest first."""
+        import time
+
+        import jax
+        import jax.numpy as jnp
+
+        def loss(w, x):
+            def body(h, xt):
+                h = jnp.tanh(xt @ w + h @ w)
+                return h, h
+            _, hs = jax.lax.scan(body, jnp.zeros((32, 256)), x)
+            return (hs @ jnp.ones((256, 4000))).sum()
+
+        step = jax.jit(jax.grad(loss))
+        w, x = jnp.ones((256, 256)) * 0.01, jnp.ones((35, 32, 256))
+        step(w, x).block_until_ready()
+
+        def cpu_ticks():
+            ticks = {}
+            for thread in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{thread}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                except OSError:  # a thread that ended
+                    continue
+                ticks[thread] = int(fields[11]) + int(fields[12])  # user + system
+            return ticks
+
+        before, start = cpu_ticks(), time.time()
+        while time.time() - start < seconds:
+            step(w, x).block_until_ready()
+        after = cpu_ticks()
+        spent = [after[t] - before.get(t, 0) for t in after]
+        return sorted((s / max(sum(spent), 1) for s in spent), reverse=True)
+
+
     if __name__ == "__main__":
         raise SystemExit("the worker must not run the script's main block")
 ''')
@@ -286,6 +325,42 @@ def test_cores_that_do_not_parse_or_are_not_ours_are_a_value_error(harness, valu
         harness.pin_to_cores(value)
     assert repr(value) in str(raised.value)
     assert os.sched_getaffinity(0) == before  # nothing changed
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 if hasattr(os, "sched_getaffinity")
+                    else True, reason="needs CPU affinity and two cores")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="no per-thread CPU times")
+@pytest.mark.skipif(os.environ.get("KERAS_BACKEND", "jax") != "jax",
+                    reason="a JAX process (once, in the JAX leg)")
+def test_one_core_is_how_a_jax_process_runs_one_thread(harness, worker_module):
+    """What `one_core_environment` stands on: pinned to one core, one thread
+    does XLA's work; the `XLA_FLAGS` that read as one thread leave it to a
+    pool of several (each doing at least a fifth)."""
+    one_core = harness.one_core_environment()
+    assert one_core == {harness.CORES_VARIABLE: str(sorted(os.sched_getaffinity(0))[0])}
+    pinned = harness.run_in_backend(worker_module.xla_thread_shares, backend="jax",
+                                    env=dict(one_core, XLA_FLAGS=""))
+    assert pinned[0] > 0.9, pinned
+    flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    flagged = harness.run_in_backend(worker_module.xla_thread_shares, backend="jax",
+                                     env={harness.CORES_VARIABLE: "", "XLA_FLAGS": flags})
+    assert flagged[1] > 0.2, flagged
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_run_on_one_core_pins_this_process_and_its_children(harness, monkeypatch):
+    before = os.sched_getaffinity(0)
+    monkeypatch.delenv(harness.CORES_VARIABLE, raising=False)
+    try:
+        cores = harness.run_on_one_core()
+        assert cores == {min(before)} == os.sched_getaffinity(0)
+        assert os.environ[harness.CORES_VARIABLE] == str(min(before))
+        # A choice already made is kept.
+        os.sched_setaffinity(0, before)
+        monkeypatch.setenv(harness.CORES_VARIABLE, str(max(before)))
+        assert harness.run_on_one_core() == {max(before)} == os.sched_getaffinity(0)
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
