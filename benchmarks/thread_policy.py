@@ -9,8 +9,10 @@ and prints each backend's slowdown against its own quiet time. PyTorch runs
 twice: with the library's thread policy (`keras_mogrifier.backend`,
 `KERAS_MOGRIFIER_TORCH_THREADS` unset) and with PyTorch's own default
 (`KERAS_MOGRIFIER_TORCH_THREADS=torch`); TensorFlow and JAX run with their
-own defaults and with one thread: TensorFlow with `TF_NUM_INTRAOP_THREADS=1`,
-JAX pinned to one core (`_harness.one_core_environment()`: XLA sizes its
+own defaults and with fewer threads: TensorFlow with one intra-op thread
+(`TF_NUM_INTRAOP_THREADS=1`; its inter-op threads still run ops beside it —
+two threads did 64 % and 35 % of a recurrent step's CPU time so, 2026-12-02),
+JAX with one thread, pinned to one core (`_harness.one_core_environment()`: XLA sizes its
 pool to the process's cores). Until 2026-12-02 the JAX row set `XLA_FLAGS`
 `--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`
 instead, which left XLA's pool as it was: that row of
