@@ -90,6 +90,10 @@ jobs=${TEST_JOBS:-$jobs_default}
 # Side by side, each process keeps to one thread: PyTorch's default pool
 # spins while it waits, and beside another busy process a step took several
 # times as long (docs/scaling.md, "PyTorch's threads on a shared machine").
+# TensorFlow keeps one intra-op thread (its inter-op threads still run ops).
+# The XLA flags do not shrink JAX's pool, which XLA sizes to the cores a
+# process may use (tests/benchmarks/harness_test.py); they stay as the
+# suite's timings were measured with them.
 if [ "$jobs" -gt 1 ]; then
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
   export TF_NUM_INTRAOP_THREADS="${TF_NUM_INTRAOP_THREADS:-1}"
