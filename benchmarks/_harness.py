@@ -197,15 +197,20 @@ def free_core(taken):
     return free[0] if free else None
 
 
+# `XLA_FLAGS` that ask XLA for one CPU thread, and which it does not follow
+# (`one_core_environment`); the convergence study's workers set them, and
+# `convergence_cost.py` times the study's work with them.
+XLA_ONE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
 def one_core_environment():
     """The environment entries that start a benchmark process on one core of
     this process's: `{CORES_VARIABLE: "<core>"}`, or `{}` where the platform
     cannot pin.
 
     On CPU this is how a JAX process runs one thread: XLA sizes its thread
-    pool to the cores the process may use, and `XLA_FLAGS` that read as one
-    thread (`--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1`)
-    do not shrink it — with them, two pool threads shared a process's work on
+    pool to the cores the process may use, and `XLA_ONE_THREAD_FLAGS` do not
+    shrink it — with them, two pool threads shared a process's work on
     2 cores (JAX 0.10.2, per-thread CPU time, 2026-12-02; the harness test
     `test_one_core_is_how_a_jax_process_runs_one_thread` checks both).
     """

@@ -734,8 +734,7 @@ def train_all(record, units, row, corpus, args):
     # so that every worker of the study starts as its first ones did.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TF_NUM_INTRAOP_THREADS", "1")
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
-                        "intra_op_parallelism_threads=1").strip()
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + _harness.XLA_ONE_THREAD_FLAGS).strip()
     # On a GPU, JAX would give the first worker 75 % of its memory.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     env.pop(_harness.CORES_VARIABLE, None)  # each worker's core is its own (below)

@@ -44,9 +44,6 @@ import _harness
 
 _harness.environment(backend="jax")
 
-# The study's workers' XLA flags (`convergence.py`), which read as one thread
-# but leave XLA's pool sized to the process's cores.
-STUDY_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 ROWS = ("lstm", "mogrifier_rlstm", "mogrifier_lstm")
 PLACEMENTS = ("shared", "pinned")
 # Penn Treebank's training text as the study reads it: 887,521 words and
@@ -212,7 +209,7 @@ def run_side_by_side(args, name, units, count, pinned=False):
     errors = []
     with tempfile.TemporaryDirectory(prefix="convergence_cost_barrier_") as barrier:
         def one(index):
-            env = {"XLA_FLAGS": STUDY_XLA_FLAGS, _harness.CORES_VARIABLE: ""}
+            env = {"XLA_FLAGS": _harness.XLA_ONE_THREAD_FLAGS, _harness.CORES_VARIABLE: ""}
             if pinned:
                 env[_harness.CORES_VARIABLE] = str(cores[index])
             try:
@@ -276,7 +273,7 @@ def main():
     quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     step_tokens = args.batch * args.window
     epoch_steps = args.train_tokens // step_tokens
-    env = {"XLA_FLAGS": STUDY_XLA_FLAGS}
+    env = {"XLA_FLAGS": _harness.XLA_ONE_THREAD_FLAGS}
     rows = {}
     for name in args.rows:
         units, params = row_units(args, name)

@@ -341,9 +341,9 @@ def test_one_core_is_how_a_jax_process_runs_one_thread(harness, worker_module):
     pinned = harness.run_in_backend(worker_module.xla_thread_shares, backend="jax",
                                     env=dict(one_core, XLA_FLAGS=""))
     assert pinned[0] > 0.9, pinned
-    flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-    flagged = harness.run_in_backend(worker_module.xla_thread_shares, backend="jax",
-                                     env={harness.CORES_VARIABLE: "", "XLA_FLAGS": flags})
+    flagged = harness.run_in_backend(
+        worker_module.xla_thread_shares, backend="jax",
+        env={harness.CORES_VARIABLE: "", "XLA_FLAGS": harness.XLA_ONE_THREAD_FLAGS})
     assert flagged[1] > 0.2, flagged
 
 
