@@ -203,6 +203,39 @@ def free_core(taken):
 XLA_ONE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
+# glibc's tunable that backs the allocator's own mappings with transparent
+# huge pages (glibc 2.35 and later; an older glibc, or another C library,
+# ignores it). A JAX training step on CPU allocates its largest temporaries
+# (the study's step: 209 MB and 45 MB, the logits' size) above the 32 MB
+# that glibc's `malloc` keeps for reuse, so each step maps them afresh and
+# faults their 4 KB pages in one by one: 28 % of a study worker's time in
+# the kernel, ~67,600 page faults a second (`/proc`, `strace`, 2026-12-02).
+# With it, 2 MB pages: `convergence_cost.py --allocator-rounds` measures the
+# step both ways. It changes how memory is mapped, not what is computed.
+HUGE_PAGE_TUNABLE = "glibc.malloc.hugetlb=1"
+TUNABLES_VARIABLE = "GLIBC_TUNABLES"
+
+
+def allocator_environment(huge_pages=True, environ=None):
+    """The `GLIBC_TUNABLES` entry that starts a process with glibc's
+    allocator on transparent huge pages (`HUGE_PAGE_TUNABLE`), or with
+    `huge_pages=False` on its default 4 KB pages; either way keeping the
+    other tunables `environ` (default: this process's) sets. A
+    `glibc.malloc.hugetlb` that `environ` sets itself is kept when
+    `huge_pages` is true.
+
+    glibc reads it when a process starts, so it serves the processes a
+    script starts, not the script itself. Returns a dict of one entry.
+    """
+    environ = os.environ if environ is None else environ
+    items = [item for item in environ.get(TUNABLES_VARIABLE, "").split(":") if item]
+    mine = [item for item in items if item.split("=", 1)[0] == "glibc.malloc.hugetlb"]
+    items = [item for item in items if item not in mine]
+    if huge_pages:
+        items += mine or [HUGE_PAGE_TUNABLE]
+    return {TUNABLES_VARIABLE: ":".join(items)}
+
+
 def one_core_environment():
     """The environment entries that start a benchmark process on one core of
     this process's: `{CORES_VARIABLE: "<core>"}`, or `{}` where the platform

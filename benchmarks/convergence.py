@@ -303,6 +303,8 @@ def environment():
         "platform": found["platform"],
         "cpu_count": found["cpus"],
         "cpus_usable": found["cpus_usable"],
+        # How the process's allocator maps memory (`_harness.HUGE_PAGE_TUNABLE`).
+        "glibc_tunables": os.environ.get(_harness.TUNABLES_VARIABLE, ""),
     }
 
 
@@ -737,6 +739,9 @@ def train_all(record, units, row, corpus, args):
     env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + _harness.XLA_ONE_THREAD_FLAGS).strip()
     # On a GPU, JAX would give the first worker 75 % of its memory.
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    # Each step's largest temporaries on huge pages, not faulted in 4 KB at
+    # a time (`_harness.HUGE_PAGE_TUNABLE`; its measure: convergence_cost.py).
+    env.update(_harness.allocator_environment(environ=env))
     env.pop(_harness.CORES_VARIABLE, None)  # each worker's core is its own (below)
     queue, running, failed = list(pending), [], []
     while queue or running:

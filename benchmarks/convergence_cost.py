@@ -25,7 +25,18 @@ one — `_harness.one_core_environment`), and gives:
   per second they make together: what `--jobs N` buys on this machine —
   each worker free to run on every core ("shared"), and each on a core of
   its own ("pinned", for N up to the cores this process may use), as
-  `convergence.py` places its workers while there are free cores.
+  `convergence.py` places its workers while there are free cores;
+- **the allocator** (`--allocator-rounds R`): two of those pinned workers
+  with glibc's default allocator and with its huge pages
+  (`_harness.HUGE_PAGE_TUNABLE`, which the study's workers start with),
+  alternated R times — the one setting that changes how the step's
+  memory is mapped, not what it computes.
+
+Every worker starts with `--allocator` (default `huge-pages`, as the
+study's workers). Only the allocator's A/B, for instance:
+
+    python benchmarks/convergence_cost.py --rows --workers --allocator-rounds 2 \
+        --json benchmarks/results/convergence_allocator.json
 
     python benchmarks/convergence_cost.py --json benchmarks/results/convergence_cost.json
 
@@ -46,6 +57,7 @@ _harness.environment(backend="jax")
 
 ROWS = ("lstm", "mogrifier_rlstm", "mogrifier_lstm")
 PLACEMENTS = ("shared", "pinned")
+ALLOCATORS = ("default", "huge-pages")
 # Penn Treebank's training text as the study reads it: 887,521 words and
 # 42,068 line ends (`load_corpus` on `ptb.train.txt`) = 929,589 tokens.
 PTB_TRAIN_TOKENS = 929_589
@@ -196,9 +208,19 @@ def softmax_floor_worker(args, units):
             "flops": 3 * 2 * tokens * units * args.vocabulary}
 
 
-def run_side_by_side(args, name, units, count, pinned=False):
+def worker_environment(allocator, core=""):
+    """A worker's environment entries: the study's `XLA_FLAGS`, its core
+    (`""`: free to run on every core) and its allocator (`ALLOCATORS`)."""
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"Expected an allocator in {ALLOCATORS}. Received: {allocator!r}")
+    env = {"XLA_FLAGS": _harness.XLA_ONE_THREAD_FLAGS, _harness.CORES_VARIABLE: core}
+    env.update(_harness.allocator_environment(huge_pages=allocator == "huge-pages"))
+    return env
+
+
+def run_side_by_side(args, name, units, count, pinned=False, allocator="huge-pages"):
     """`count` train workers at once, timed over the same steps; with
-    `pinned`, each on a core of its own."""
+    `pinned`, each on a core of its own; each with `allocator`."""
     cores = _harness.own_cores() if pinned else []
     if pinned and count > len(cores):
         raise ValueError(
@@ -209,9 +231,7 @@ def run_side_by_side(args, name, units, count, pinned=False):
     errors = []
     with tempfile.TemporaryDirectory(prefix="convergence_cost_barrier_") as barrier:
         def one(index):
-            env = {"XLA_FLAGS": _harness.XLA_ONE_THREAD_FLAGS, _harness.CORES_VARIABLE: ""}
-            if pinned:
-                env[_harness.CORES_VARIABLE] = str(cores[index])
+            env = worker_environment(allocator, str(cores[index]) if pinned else "")
             try:
                 results[index] = _harness.run_in_backend(
                     train_worker, args, name, units, barrier, count, backend="jax",
@@ -229,12 +249,50 @@ def run_side_by_side(args, name, units, count, pinned=False):
     return results
 
 
+def allocator_rounds(args, name, units, rounds):
+    """Two workers (or one, on one core) of `name` side by side, each
+    pinned to a core, with each of `ALLOCATORS` in turn, `rounds` times:
+    a list of `{"allocator", "median_step_s", "load_average"}`."""
+    count = min(2, len(_harness.own_cores())) or 1
+    found = []
+    for _ in range(rounds):
+        for allocator in ALLOCATORS:
+            results = run_side_by_side(args, name, units, count,
+                                       pinned=bool(_harness.own_cores()), allocator=allocator)
+            found.append({"allocator": allocator,
+                          "median_step_s": [r["median_step_s"] for r in results],
+                          "load_average": _harness.load_average()})
+            print(f"allocator {allocator}: steps {found[-1]['median_step_s']}",
+                  file=sys.stderr, flush=True)
+    return found
+
+
+def allocator_summary(rounds):
+    """Each allocator's median step over its rounds and workers, and the
+    default's over the huge pages' (per round, then the median)."""
+    steps = {a: [s for r in rounds if r["allocator"] == a for s in r["median_step_s"]]
+             for a in ALLOCATORS}
+    ratios = [statistics.mean(d["median_step_s"]) / statistics.mean(h["median_step_s"])
+              for d, h in zip(rounds[0::2], rounds[1::2])]
+    return {"median_step_s": {a: statistics.median(v) for a, v in steps.items() if v},
+            "default_over_huge_pages": ratios,
+            "median_default_over_huge_pages": statistics.median(ratios) if ratios else None}
+
+
 def main():
     parser = _harness.argument_parser(__doc__, quiet=True, data_dir="optional")
-    parser.add_argument("--rows", nargs="+", default=list(ROWS))
+    parser.add_argument("--rows", nargs="*", default=list(ROWS),
+                        help="the rows to time alone (none: skip that table)")
     parser.add_argument("--workers-row", default="lstm")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3],
-                        help="how many workers side by side, one run each")
+    parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 3],
+                        help="how many workers side by side, one run each "
+                        "(none: skip that table)")
+    parser.add_argument("--allocator", choices=ALLOCATORS, default="huge-pages",
+                        help="every worker's allocator: glibc's default, or its "
+                        "transparent huge pages (the study's workers)")
+    parser.add_argument("--allocator-rounds", type=int, default=0,
+                        help="times to alternate the allocators, 2 pinned workers of "
+                        "--workers-row each time (0: skip)")
     parser.add_argument("--placements", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS),
                         help="workers free to run on every core (shared), each on a "
                         "core of its own (pinned; counts up to the usable cores)")
@@ -260,6 +318,10 @@ def main():
         import convergence
 
         args.search_tokens = convergence.DYNAMIC_SLICE_TOKENS
+    if args.allocator_rounds < 0 or any(count < 1 for count in args.workers):
+        raise ValueError("Expected --allocator-rounds of at least 0 and --workers of at "
+                         f"least 1. Received: --allocator-rounds {args.allocator_rounds}, "
+                         f"--workers {args.workers}")
     if args.steps < 1 or args.warmup < 1:
         raise ValueError("Expected --steps and --warmup of at least 1. Received: "
                          f"--steps {args.steps}, --warmup {args.warmup}")
@@ -273,7 +335,8 @@ def main():
     quiet = _harness.check_quiet(args.max_load_per_cpu, args.on_busy)
     step_tokens = args.batch * args.window
     epoch_steps = args.train_tokens // step_tokens
-    env = {"XLA_FLAGS": _harness.XLA_ONE_THREAD_FLAGS}
+    env = worker_environment(args.allocator)
+    del env[_harness.CORES_VARIABLE]  # this process's cores, as before
     rows = {}
     for name in args.rows:
         units, params = row_units(args, name)
@@ -303,7 +366,8 @@ def main():
             if placement == "pinned" and count > len(_harness.own_cores()):
                 continue  # a core each: no more workers than cores
             results = run_side_by_side(args, args.workers_row, units, count,
-                                       pinned=placement == "pinned")
+                                       pinned=placement == "pinned",
+                                       allocator=args.allocator)
             medians = [r["median_step_s"] for r in results]
             side_by_side[str(count)] = {
                 "median_step_s": medians,
@@ -311,8 +375,10 @@ def main():
             }
             print(f"{count} worker(s), {placement}: steps {medians}", file=sys.stderr,
                   flush=True)
+    allocator = allocator_rounds(args, args.workers_row, units, args.allocator_rounds)
     reference = placements[args.placements[0]]
-    alone = reference[str(min(args.workers))]["steps_per_s"] / min(args.workers)
+    alone = (reference[str(min(args.workers))]["steps_per_s"] / min(args.workers)
+             if reference else None)
     for placement, side_by_side in placements.items():
         for count, entry in side_by_side.items():
             # Against one worker alone in the first placement (a lone worker
@@ -324,9 +390,47 @@ def main():
                 entry["steps_per_s_over_shared"] = (
                     entry["steps_per_s"] / placements["shared"][count]["steps_per_s"])
 
-    print(f"The study's work on JAX, its workers' flags; batch {args.batch} × "
-          f"{args.window}; an epoch = {epoch_steps} steps ({args.train_tokens:,} tokens); "
-          f"median of {args.steps} steps after {args.warmup}.")
+    print(f"The study's work on JAX, its workers' flags, allocator {args.allocator}; "
+          f"batch {args.batch} × {args.window}; an epoch = {epoch_steps} steps "
+          f"({args.train_tokens:,} tokens); median of {args.steps} steps after "
+          f"{args.warmup}.")
+    print_tables(args, rows, placements, allocator)
+    if args.json:
+        _harness.write_json(args.json, {
+            "command": _harness.command_line(__file__, backend="jax"),
+            "machine": _harness.machine(), "versions": _harness.versions(),
+            "quiet_machine": quiet, "load_average_end": _harness.load_average(),
+            "settings": vars(args), "epoch_steps": epoch_steps, "rows": rows,
+            "side_by_side": placements.get("shared", {}),
+            "side_by_side_pinned": placements.get("pinned", {}),
+            "allocator_rounds": allocator,
+            "allocator_summary": allocator_summary(allocator) if allocator else None,
+        })
+    return 0
+
+
+def print_tables(args, rows, placements, allocator):
+    """The Markdown tables of what was measured (a table per part run)."""
+    if rows:
+        print_rows(args, rows)
+    if any(placements.values()):
+        print_side_by_side(args, placements)
+    if allocator:
+        summary = allocator_summary(allocator)
+        print()
+        print(f"| round | allocator | {args.workers_row} workers' steps, pinned (s) "
+              "| load after (1 min; its workers count) |")
+        print("| ---: | --- | --- | ---: |")
+        for index, entry in enumerate(allocator):
+            print(f"| {index // len(ALLOCATORS) + 1} | {entry['allocator']} | "
+                  f"{', '.join(f'{m:.3f}' for m in entry['median_step_s'])} | "
+                  f"{(entry['load_average'] or ['?'])[0]:.4} |")
+        print(f"\nThe default's step over the huge pages', each round: "
+              f"{', '.join(f'{r:.2f}' for r in summary['default_over_huge_pages'])}×.")
+
+
+def print_rows(args, rows):
+    """The table of each row's worker alone."""
     print("| row | units | params | step (s) | tokens/s | epoch's training (s) "
           "| softmax matmuls alone (s) | step / softmax | dynamic evaluation (ms/token) "
           f"| a search pass of {args.search_tokens:,} tokens (s) |")
@@ -337,6 +441,10 @@ def main():
               f"{r['softmax_floor_s']:.3f} ({r['softmax_gflops_per_s']:.0f} GFLOP/s) | "
               f"{r['step_over_softmax_floor']:.2f} | {r['dynamic_ms_per_token']:.2f} | "
               f"{r['search_pass_s']:.0f} |")
+
+
+def print_side_by_side(args, placements):
+    """The table of workers side by side."""
     print()
     print(f"| {args.workers_row} workers at once | placement | step of each (s) "
           "| steps/s together | × one alone | × shared | epoch of each (s) "
@@ -350,16 +458,6 @@ def main():
                   f"{e['steps_per_s']:.2f} | {e['throughput_over_one']:.2f} | "
                   f"{'' if over is None else f'{over:.2f}'} | "
                   f"{e['epoch_s_each']:.0f} | {e['epochs_per_hour']:.1f} |")
-    if args.json:
-        _harness.write_json(args.json, {
-            "command": _harness.command_line(__file__, backend="jax"),
-            "machine": _harness.machine(), "versions": _harness.versions(),
-            "quiet_machine": quiet, "load_average_end": _harness.load_average(),
-            "settings": vars(args), "epoch_steps": epoch_steps, "rows": rows,
-            "side_by_side": placements.get("shared", {}),
-            "side_by_side_pinned": placements.get("pinned", {}),
-        })
-    return 0
 
 
 if __name__ == "__main__":

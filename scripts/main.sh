@@ -28,6 +28,7 @@ bash scripts/setup.sh "$extras"
 # A CPU-only run: TensorFlow's C++ start-up notes and the failed CUDA probe
 # (cuInit) are errors only on a machine with a GPU it cannot use.
 export KERAS_BACKEND="$backend" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"
+source scripts/allocator.sh  # 2 MB pages for the large temporaries
 corpus=(--no-download)
 for arg in "$@"; do
   case "$arg" in --data-dir | --data-dir=* | --text | --text=*) corpus=() ;; esac

@@ -18,6 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test || exit 1
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"
+source scripts/allocator.sh  # 2 MB pages for the large temporaries
 backends="${KERAS_BACKEND:-tensorflow jax torch}"
 read -r -a backend_list <<< "$backends"
 
@@ -207,7 +208,7 @@ export SUITE_SCRATCH="$scratch"
 awk '{ print $2, $3 }' "$scratch/runs" | xargs -P "$jobs" -L 1 bash -c 'run_one "$@"' _
 
 if [ -n "${TEST_DRY_RUN:-}" ]; then
-  echo "test.sh: dry run: nothing ran"
+  echo "test.sh: dry run: nothing ran (GLIBC_TUNABLES=$GLIBC_TUNABLES)"
   exit 0
 fi
 failed=()

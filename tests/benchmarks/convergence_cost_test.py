@@ -75,3 +75,36 @@ def test_pinned_workers_get_a_core_each_and_shared_ones_none(cost, monkeypatch):
     assert given == ["", ""]  # an inherited variable pins nothing
     with pytest.raises(ValueError, match="a core each"):
         cost.run_side_by_side(_args(), "lstm", 8, len(cores) + 1, pinned=True)
+
+
+def test_workers_start_with_the_allocator_asked_for(cost, monkeypatch):
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=2")
+    huge = cost.worker_environment("huge-pages", "1")
+    assert huge["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert huge[cost._harness.CORES_VARIABLE] == "1"
+    assert huge["XLA_FLAGS"] == cost._harness.XLA_ONE_THREAD_FLAGS
+    assert cost.worker_environment("default")["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2"
+    with pytest.raises(ValueError, match="'jemalloc'"):
+        cost.worker_environment("jemalloc")
+
+
+def test_the_allocator_rounds_alternate_pinned_pairs_and_compare_per_round(cost, monkeypatch):
+    given = []
+    steps = iter([0.9, 0.9, 0.6, 0.6, 1.0, 0.8, 0.5, 0.5])
+
+    def run_in_backend(function, *args, env=None, **kwargs):
+        given.append((env["GLIBC_TUNABLES"], env[cost._harness.CORES_VARIABLE]))
+        return {"median_step_s": next(steps)}
+
+    monkeypatch.setattr(cost._harness, "run_in_backend", run_in_backend)
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(cost._harness, "own_cores", lambda: [0, 1])
+    rounds = cost.allocator_rounds(_args(), "lstm", 8, 2)
+    assert [r["allocator"] for r in rounds] == ["default", "huge-pages"] * 2
+    assert sorted(given[:2]) == [("", "0"), ("", "1")]  # a core each
+    assert sorted(given[2:4]) == [("glibc.malloc.hugetlb=1", "0"),
+                                  ("glibc.malloc.hugetlb=1", "1")]
+    summary = cost.allocator_summary(rounds)
+    assert summary["default_over_huge_pages"] == pytest.approx([0.9 / 0.6, 0.9 / 0.5])
+    assert summary["median_step_s"] == {"default": pytest.approx(0.9),
+                                        "huge-pages": pytest.approx(0.55)}

@@ -379,7 +379,8 @@ def test_a_stopped_dynamic_search_resumes_with_the_passes_it_recorded(
 
 
 def test_seeds_whose_weights_are_all_gone_train_again_side_by_side(
-        convergence, stopped_and_resumed, row, tmp_path):
+        convergence, stopped_and_resumed, row, tmp_path, monkeypatch):
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)  # the workers' own, below
     entries = {}
     for name in row["seeds"].values():
         entries[name] = _untested_copy(stopped_and_resumed, tmp_path, name)
@@ -402,6 +403,8 @@ def test_seeds_whose_weights_are_all_gone_train_again_side_by_side(
         assert attempts[-1]["epochs"] == kept and attempts[-1]["why"]
         assert len(run["epochs"]) == len(entry["epochs"])  # trained again, to its end
         assert " --until " in run["environment"][-1]["command"], name
+        # Each worker's allocator on huge pages (`_harness.HUGE_PAGE_TUNABLE`).
+        assert "glibc.malloc.hugetlb=1" in run["environment"][-1]["glibc_tunables"], name
         if len(getattr(os, "sched_getaffinity", lambda _: ())(0)) >= 2:
             # Two workers, two free cores: each ran on a core of its own.
             assert run["environment"][-1]["cpus_usable"] == 1, name
