@@ -236,6 +236,31 @@ def allocator_environment(huge_pages=True, environ=None):
     return {TUNABLES_VARIABLE: ":".join(items)}
 
 
+THP_MODE_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def transparent_huge_pages(path=THP_MODE_PATH):
+    """The kernel's transparent huge page mode line, e.g.
+    `"always [madvise] never"` (the bracketed mode is in force; glibc's
+    `glibc.malloc.hugetlb=1` needs `madvise` or `always`), or `None` where
+    the kernel does not say (another OS, no THP support)."""
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def glibc_version():
+    """The running glibc's `(major, minor)`, or `()` where it is not glibc
+    (its `hugetlb` tunable needs 2.35 or later)."""
+    try:
+        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
+        return tuple(int(part) for part in version.split(".")[:2])
+    except (AttributeError, ValueError, OSError):
+        return ()
+
+
 def one_core_environment():
     """The environment entries that start a benchmark process on one core of
     this process's: `{CORES_VARIABLE: "<core>"}`, or `{}` where the platform

@@ -113,7 +113,7 @@ def main():
             "machine": _harness.machine(), "quiet_machine": quiet,
             "load_average_end": _harness.load_average(),
             "glibc": os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None,
-            "transparent_hugepage": _transparent_huge_pages(),
+            "transparent_hugepage": _harness.transparent_huge_pages(),
             "settings": vars(args), "backends": backends,
         })
     print(f"The main job (`examples/ptb_word.py`, 1 epoch, {args.max_tokens:,} tokens"
@@ -134,15 +134,6 @@ def main():
                   + (", ".join(f"{r:.2f}" for r in ratios) if allocator == "default" else "")
                   + " |")
     return 0
-
-
-def _transparent_huge_pages():
-    """The kernel's transparent huge page mode line, or `None` where unknown."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 if __name__ == "__main__":

@@ -16,9 +16,12 @@ from testing import load_module
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+HARNESS = load_module(os.path.join(ROOT, "benchmarks", "_harness.py"), "_harness")
+
+
 @pytest.fixture(scope="module")
 def harness():
-    return load_module(os.path.join(ROOT, "benchmarks", "_harness.py"), "_harness")
+    return HARNESS
 
 
 @pytest.fixture
@@ -375,23 +378,29 @@ FAULTS = textwrap.dedent('''
 ''')
 
 
-def _transparent_huge_pages():
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return f.read()
-    except OSError:
-        return ""
+def test_the_huge_page_mode_is_the_kernel_line_or_none(harness, tmp_path):
+    mode = tmp_path / "enabled"
+    mode.write_text("always [madvise] never\n")
+    assert harness.transparent_huge_pages(str(mode)) == "always [madvise] never"
+    assert harness.transparent_huge_pages(str(tmp_path / "absent")) is None
 
 
-def _glibc():
-    try:
-        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
-    except (AttributeError, ValueError, OSError):
-        return ()
-    return tuple(int(part) for part in version.split(".")[:2])
+@pytest.mark.parametrize("confstr, expected", [
+    ("glibc 2.35", (2, 35)), ("glibc 2.39.1", (2, 39)), ("musl", ()), (None, ()),
+])
+def test_glibc_version_is_major_minor_or_empty(harness, monkeypatch, confstr, expected):
+    def fake(name):
+        assert name == "CS_GNU_LIBC_VERSION"
+        if confstr is None:
+            raise ValueError("unrecognized configuration name")
+        return confstr
+
+    monkeypatch.setattr(harness.os, "confstr", fake, raising=False)
+    assert harness.glibc_version() == expected
 
 
-@pytest.mark.skipif("[madvise]" not in _transparent_huge_pages() or _glibc() < (2, 35),
+@pytest.mark.skipif("[madvise]" not in (HARNESS.transparent_huge_pages() or "")
+                    or HARNESS.glibc_version() < (2, 35),
                     reason="glibc's hugetlb tunable needs glibc 2.35+ and THP in madvise mode")
 def test_huge_pages_spare_a_process_its_page_faults(harness):
     """What the study's workers start with it for: a process that maps,
