@@ -713,6 +713,20 @@ def _untested(record, name, until):
     return _trained_seed(record, name, until) and "dynamic" not in record.run(name)
 
 
+def worker_count(jobs, pending, cores):
+    """How many of `--jobs` workers a cut of `pending` runs starts: no more
+    than the runs; and beyond `cores` only when every run then has a worker
+    from the start (three seeds on two cores, which leaves no core idle when
+    the shortest ends). Otherwise as many as the cores: a worker beyond them
+    shares every core and makes the pinned ones share theirs (two pinned
+    make 1.10x the steps of two sharing, `convergence_cost.py`), and a run
+    pinned to its core computes with one thread on every machine."""
+    workers = max(1, min(jobs, pending))
+    if cores and workers > cores and pending > workers:
+        workers = cores
+    return workers
+
+
 def train_all(record, units, row, corpus, args):
     """Trains each `(name, candidate, seed, until)` not done yet: in this
     process one after another, or with `--jobs N` in N worker processes at
@@ -744,8 +758,12 @@ def train_all(record, units, row, corpus, args):
     env.update(_harness.allocator_environment(environ=env))
     env.pop(_harness.CORES_VARIABLE, None)  # each worker's core is its own (below)
     queue, running, failed = list(pending), [], []
+    workers = worker_count(args.jobs, len(pending), len(_harness.own_cores()))
+    if workers < args.jobs:
+        log(f"{row['name']}: {len(pending)} runs on {workers} workers at a time "
+            f"(--jobs {args.jobs}; {len(_harness.own_cores())} cores)")
     while queue or running:
-        while queue and len(running) < args.jobs:
+        while queue and len(running) < workers:
             name, _, _, until = queue.pop(0)
             command = [sys.executable, os.path.abspath(__file__)] + worker_argv(args) + [
                 "--run", name, "--until", str(until)]
@@ -1386,7 +1404,9 @@ def main(argv=None):
     parser.add_argument("--stop-after-units", type=int, default=None,
                         help="stop after this many epochs in all (tests)")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="train this many runs at once, each in a worker process")
+                        help="train up to this many runs at once, each in a worker "
+                        "process (beyond the cores only when every run of a cut "
+                        "then has a worker: `worker_count`)")
     parser.add_argument("--run", default=None,
                         help="worker: train this run only (candidateK or seedN)")
     parser.add_argument("--until", type=int, default=None,

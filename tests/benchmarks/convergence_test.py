@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import types
 
 import keras
 import numpy as np
@@ -59,6 +60,56 @@ def stopped_and_resumed(convergence, tmp_path_factory):
 @pytest.fixture(scope="module")
 def row(stopped_and_resumed):
     return stopped_and_resumed[1]
+
+
+def test_a_cut_has_workers_beyond_the_cores_only_when_every_run_has_one(
+        convergence, monkeypatch):
+    count = convergence.worker_count
+    assert count(3, 8, 2) == 2  # eight candidates: one pinned worker a core
+    assert count(3, 3, 2) == 3  # three seeds: a worker each from the start
+    assert count(3, 2, 2) == 2 and count(3, 1, 2) == 1  # no more than the runs
+    assert count(8, 8, 16) == 8  # a larger machine: as asked
+    assert count(3, 8, 0) == 3  # a platform that cannot pin: as asked
+
+    # And a cut follows it: eight runs, --jobs 3, two cores.
+    class Record:
+        def run(self, name):
+            return {"epochs": []}
+
+        def save(self):
+            pass
+
+        def reload_runs(self):
+            pass
+
+    running, most = [], []
+
+    class Worker:
+        def __init__(self, command, env):
+            self.polls, self.returncode = 0, None
+            running.append(self)
+            most.append(len(running))
+
+        def poll(self):
+            self.polls += 1
+            if self.polls < 2:
+                return None
+            if self in running:
+                running.remove(self)
+            self.returncode = 0
+            return 0
+
+    monkeypatch.setattr(convergence.subprocess, "Popen", Worker)
+    monkeypatch.setattr(convergence.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(convergence._harness, "own_cores", lambda: [0, 1])
+    monkeypatch.setattr(convergence, "worker_argv", lambda args: [])
+    args = types.SimpleNamespace(jobs=3)
+    units = [(f"candidate{i}", {}, 1, 6) for i in range(1, 9)]
+    assert convergence.train_all(Record(), units, {"name": "lstm"}, None, args)
+    assert max(most) == 2 and len(most) == 8
+    most.clear()
+    assert convergence.train_all(Record(), units[:3], {"name": "lstm"}, None, args)
+    assert max(most) == 3
 
 
 def test_latin_hypercube_uses_every_stratum_once(convergence):
