@@ -44,9 +44,12 @@ saved as `<output>/<row>/best_model.keras` (float16 weights, loaded with
 
 Every finished epoch goes into the row's JSON at once
 (`benchmarks/results/convergence/<row>.json`); every run keeps a
-`TrainingCheckpoint` in `--work-dir` (git-ignored) every epoch end and every
+`TrainingCheckpoint` in `--work-dir` every epoch end and every
 `--checkpoint-every` steps, and `--resume` continues each run at the step
-it stopped, exactly as the uninterrupted run would have gone. A run whose
+it stopped, exactly as the uninterrupted run would have gone. The work
+folder is outside the checkout by default (`~/.cache/keras-mogrifier/
+convergence`, under `$XDG_CACHE_HOME` when set), so that a checkout
+cloned again on the same machine resumes its runs. A run whose
 checkpoint is gone (resumed on another machine) trains again from epoch 1;
 the epochs it had recorded stay in its JSON under `earlier_attempts`. One row per
 process, and one row finished before the next starts (issue 40), in `ROWS`'
@@ -99,7 +102,31 @@ from keras_mogrifier.pipeline.presets import TRAINING_DEFAULTS  # noqa: E402
 
 REPOSITORY = paper_tables.REPOSITORY
 DEFAULT_OUTPUT = os.path.join(REPOSITORY, "benchmarks", "results", "convergence")
-DEFAULT_WORK_DIR = os.path.join(REPOSITORY, "runs", "convergence")
+# The runs' checkpoints live outside the checkout, in the user's cache
+# folder: a checkout is re-cloned or replaced more often than the machine
+# it is on (on 2026-12-03 this project's checkout was recreated while the
+# machine and its home folder stayed, and the seeds' checkpoints in the
+# checkout's ignored `runs/` went with it, at epoch 48).
+DEFAULT_WORK_DIR = os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    "keras-mogrifier", "convergence")
+
+
+def stored_path(path):
+    """`path` as a run's JSON records it: relative to the repository when
+    inside it, else absolute with the home folder written `~`."""
+    path = os.path.abspath(path)
+    if os.path.commonpath([path, REPOSITORY]) == REPOSITORY:
+        return os.path.relpath(path, REPOSITORY)
+    home = os.path.expanduser("~")
+    if os.path.commonpath([path, home]) == home and home != os.sep:
+        return os.path.join("~", os.path.relpath(path, home))
+    return path
+
+
+def recorded_path(stored):
+    """The file a path written by `stored_path` names on this machine."""
+    return os.path.join(REPOSITORY, os.path.expanduser(stored))
 
 ROWS = ("lstm", "mogrifier_rlstm", "mogrifier_lstm", "rlstm")
 CANDIDATES = 8
@@ -522,7 +549,7 @@ def keep_weights(record, name):
     path = kept_weights_path(record, name)
     epoch = entry.get("best_epoch")
     if not os.path.exists(path) or entry.get("kept_weights_epoch") != epoch:
-        arrays = read_weights(os.path.join(REPOSITORY, entry["weights"]))
+        arrays = read_weights(recorded_path(entry["weights"]))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         save_weights(path, [a.astype("float16") if a.dtype == np.float32 else a
                             for a in arrays])
@@ -584,7 +611,7 @@ def weights_file(record, name):
     has it, else the committed float16 copy if it is of the run's best
     epoch (not of an epoch before the run went on), else None."""
     entry = record.run(name)
-    full = os.path.join(REPOSITORY, entry.get("weights") or "")
+    full = recorded_path(entry.get("weights") or "")
     if os.path.isfile(full):
         return full
     kept = kept_weights_path(record, name)
@@ -614,7 +641,7 @@ def train_run(record, name, row, candidate, seed, until, corpus, args):
             "earlier_attempts, and it starts again")
     entry.update(
         hyperparameters=dict(candidate), seed=seed,
-        weights=os.path.relpath(os.path.join(directory, "best.weights.npz"), REPOSITORY),
+        weights=stored_path(os.path.join(directory, "best.weights.npz")),
     )
     entry.setdefault("environment", []).append(dict(environment(), command=args.command))
     record.save_run(name)
@@ -872,7 +899,7 @@ def run_row(record, row, corpus, args):
             record.data["winner"] = ranked[0]
             record.data["final_ranking"] = ranked
             record.data["final_best_valid_perplexity"] = values
-            if os.path.isfile(os.path.join(REPOSITORY, record.run(ranked[0])["weights"])):
+            if os.path.isfile(recorded_path(record.run(ranked[0])["weights"])):
                 # Its best weights kept at once (float16, with the results):
                 # the seeds that follow take days, and --work-dir may go before.
                 keep_weights(record, ranked[0])
@@ -1385,7 +1412,11 @@ def main(argv=None):
     parser = _harness.argument_parser(__doc__, json_flag=False, data_dir="optional")
     parser.add_argument("--row", default=None, help=f"one of {list(ROWS)}")
     parser.add_argument("--output", default=DEFAULT_OUTPUT)
-    parser.add_argument("--work-dir", default=DEFAULT_WORK_DIR)
+    parser.add_argument(
+        "--work-dir", default=DEFAULT_WORK_DIR,
+        help="the runs' checkpoints and float32 best weights (about 110 MB a "
+             "run); default ~/.cache/keras-mogrifier/convergence, outside "
+             "the checkout so that a fresh clone on this machine resumes")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--checkpoint-every", type=int, default=200,
                         help="steps between checkpoints within an epoch")
