@@ -107,9 +107,13 @@ DEFAULT_OUTPUT = os.path.join(REPOSITORY, "benchmarks", "results", "convergence"
 # it is on (on 2026-12-03 this project's checkout was recreated while the
 # machine and its home folder stayed, and the seeds' checkpoints in the
 # checkout's ignored `runs/` went with it, at epoch 48).
-DEFAULT_WORK_DIR = os.path.join(
-    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-    "keras-mogrifier", "convergence")
+def default_work_dir():
+    """`$XDG_CACHE_HOME/keras-mogrifier/convergence`, or under `~/.cache`."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "keras-mogrifier", "convergence")
+
+
+DEFAULT_WORK_DIR = default_work_dir()
 
 
 def stored_path(path):
@@ -939,7 +943,7 @@ def row_finished(record):
     """Whether the row is complete and still holds all it was completed
     with: every seed tested, the best seed's saved model in place."""
     data = record.data
-    model = os.path.join(REPOSITORY, data.get("model", {}).get("path", ""))
+    model = recorded_path(data.get("model", {}).get("path", ""))
     return bool(data.get("complete")) and os.path.isfile(model) and all(
         "dynamic" in record.run(name) for name in data["seeds"].values())
 
@@ -972,7 +976,7 @@ def save_best_seed(record, row, candidate, corpus):
     model, _, _ = best_model(record, best, row, candidate, corpus, compiled=False)
     save_float16_model(model, path)
     record.data["model"] = {
-        "path": os.path.relpath(path, REPOSITORY), "run": best,
+        "path": stored_path(path), "run": best,
         "seed": int(next(s for s, n in seeds.items() if n == best)),
         "valid_perplexity": record.run(best)["static"]["valid_perplexity"],
         "bytes": os.path.getsize(path),
@@ -1020,7 +1024,7 @@ def best_model(record, name, row, candidate, corpus, compiled=True):
             f"Expected the best weights of run {name!r} ({entry.get('weights')} or "
             f"{kept_weights_path(record, name)}). Received: neither file exists")
     load_weights(model, path)
-    return model, training, os.path.relpath(path, REPOSITORY)
+    return model, training, stored_path(path)
 
 
 def evaluate_run(record, name, row, candidate, corpus, args):

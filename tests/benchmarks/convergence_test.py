@@ -112,6 +112,34 @@ def test_a_cut_has_workers_beyond_the_cores_only_when_every_run_has_one(
     assert max(most) == 3
 
 
+def test_checkpoints_live_outside_the_checkout_and_their_path_resolves_anywhere(
+        convergence, monkeypatch, tmp_path):
+    """The work folder is the user's cache, not the checkout (a checkout
+    cloned again on the same machine resumes the runs), and a run's weights
+    path is written so that it names the file on the machine that reads it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert convergence.default_work_dir() == str(tmp_path / "xdg" / "keras-mogrifier" / "convergence")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    work = convergence.default_work_dir()
+    assert work == str(tmp_path / "home" / ".cache" / "keras-mogrifier" / "convergence")
+    assert os.path.commonpath([work, ROOT]) != ROOT
+    stored = convergence.stored_path(os.path.join(work, "lstm", "seed2", "best.weights.npz"))
+    assert stored == os.path.join(
+        "~", ".cache", "keras-mogrifier", "convergence", "lstm", "seed2", "best.weights.npz")
+    monkeypatch.setenv("HOME", str(tmp_path / "other"))
+    assert convergence.recorded_path(stored) == str(
+        tmp_path / "other" / ".cache" / "keras-mogrifier" / "convergence" / "lstm" / "seed2"
+        / "best.weights.npz")
+    # Inside the checkout (the runs recorded before): relative to it, as they are.
+    inside = os.path.join(ROOT, "runs", "convergence", "lstm", "seed2", "best.weights.npz")
+    assert convergence.stored_path(inside) == os.path.join(
+        "runs", "convergence", "lstm", "seed2", "best.weights.npz")
+    assert convergence.recorded_path(convergence.stored_path(inside)) == inside
+    elsewhere = str(tmp_path / "work" / "best.weights.npz")
+    assert convergence.recorded_path(convergence.stored_path(elsewhere)) == elsewhere
+
+
 def test_latin_hypercube_uses_every_stratum_once(convergence):
     ranges = {"a": (0.0, 1.0), "lr": (1e-4, 1e-2)}
     draws = convergence.latin_hypercube(ranges, 8, seed=3, log_scale=("lr",))
