@@ -31,10 +31,15 @@ def _static_dim(shape, axis):
 
 
 def _concrete_value(x):
-    """NumPy value of `x` when it has one (eager), `None` inside a traced graph."""
+    """NumPy value of `x` when it has one (eager), `None` inside a traced or
+    compiled graph."""
     if isinstance(x, np.ndarray):
         return x
     if isinstance(x, keras.KerasTensor):
+        return None
+    # Traced (`torch.compile` too, whose tensors still convert): reading
+    # the value would copy it to the host and split the compiled graph.
+    if not backend.get_backend_module().is_concrete(x):
         return None
     try:
         return np.asarray(ops.convert_to_numpy(x))

@@ -113,9 +113,7 @@ def test_out_of_vocabulary_ids_raise_eagerly(bad_id):
 @backend_specific(
     "tensorflow",
     "jax",
-    reason="PyTorch runs eagerly (torch.compile graph-breaks on the id check "
-    "and runs it eagerly): the ids always have a value there, so an "
-    "out-of-range id raises, as tested above",
+    reason="torch.compile: test_ids_stay_in_a_torch_compile_graph",
 )
 @pytest.mark.compiled
 def test_out_of_vocabulary_ids_give_nan_in_a_traced_graph():
@@ -125,6 +123,29 @@ def test_out_of_vocabulary_ids_give_nan_in_a_traced_graph():
     got = to_numpy(traced(ids, logits))
     np.testing.assert_allclose(got[0, :2], np.log(5.0), rtol=1e-6)
     assert np.isnan(got[0, 2])
+
+
+@backend_specific("torch", reason="torch.compile is PyTorch's compiler")
+def test_ids_stay_in_a_torch_compile_graph():
+    # Under torch.compile the ids are traced, as under XLA: the id check,
+    # which would copy them to the host and split the graph (every training
+    # step of a model compiled with `jit_compile=True`), is skipped, and an
+    # out-of-range id gives NaN.
+    import torch
+
+    logits = torch.zeros((1, 3, 5))
+    good = torch.as_tensor(np.array([[0, 1, 4]]))
+    bad = torch.as_tensor(np.array([[0, 1, 7]]))
+    token_nll(good, logits)  # eager first: the backend module is imported
+    explanation = torch._dynamo.explain(token_nll)(good, logits)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(token_nll)
+    np.testing.assert_allclose(to_numpy(compiled(good, logits)), np.log(5.0), rtol=1e-6)
+    got = to_numpy(compiled(bad, logits))
+    np.testing.assert_allclose(got[0, :2], np.log(5.0), rtol=1e-6)
+    assert np.isnan(got[0, 2])
+    with pytest.raises(ValueError, match=r"id 7 at index \(0, 2\)"):
+        token_nll(bad, logits)  # eagerly, still the clear error
 
 
 def test_bad_shapes_raise():
