@@ -19,8 +19,10 @@ Per cell (`lstm`, `mogrifier_rlstm` by default), the model of
   compiled model from the same initial weights on the same batch: the loss
   and every weight after the update, largest absolute difference
   (`max_weight_difference`), against float32 tolerance;
-- `recompiles`: TorchDynamo's frame count after the timed fits (a step that
-  recompiles every call shows here).
+- `recompiles`: TorchDynamo's frame counts and unique graphs after the
+  timed fits (a step that recompiles every call shows here);
+- `graph_breaks`: why Dynamo split the step, each reason's first line (and
+  the line of the user's code it names) with its count.
 
 The timings of every cell come first, then the equality checks (each
 compiles again). One JSON (`--json`), written after every item, so a run stopped early keeps
@@ -30,15 +32,13 @@ what it measured.
     KERAS_BACKEND=torch python benchmarks/torch_compile_gpu.py --quick --json /tmp/t.json
 """
 
-import argparse
 import json
-import os
 import time
 import traceback
 
-os.environ.setdefault("KERAS_BACKEND", "torch")
+import _harness
 
-import _harness  # noqa: E402
+_harness.environment("torch")
 
 
 def _sync():
@@ -147,8 +147,7 @@ def measure(args, cell, ids, deadline):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--json", required=True)
+    parser = _harness.argument_parser(__doc__, json_required=True)
     parser.add_argument("--cells", nargs="+", default=["lstm", "mogrifier_rlstm"])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: does it run?")
     parser.add_argument("--vocabulary", type=int, default=10_000)
@@ -172,9 +171,7 @@ def main():
     ids = np.random.default_rng(0).zipf(1.2, size=200_000) % args.vocabulary
     ids = ids.astype("int32")
     result = {
-        "command": "KERAS_BACKEND=torch python benchmarks/torch_compile_gpu.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                   if k not in ("json", "quick")),
+        "command": _harness.command_line(__file__, backend="torch"),
         "quick": args.quick,
         "versions": _harness.versions(),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -187,8 +184,7 @@ def main():
         for cell in args.cells:
             if time.monotonic() > deadline:
                 result["errors"].append(f"{cell} {phase}: not started, past the deadline")
-                with open(args.json, "w") as f:
-                    json.dump(result, f, indent=1)
+                _harness.write_json(args.json, result)
                 continue
             if phase == "equality" and cell not in rows:
                 continue
@@ -205,8 +201,7 @@ def main():
             except Exception:  # recorded, the next item still runs
                 result["errors"].append(f"{cell} {phase}: {traceback.format_exc()[-3000:]}")
                 print(result["errors"][-1], flush=True)
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+            _harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":
