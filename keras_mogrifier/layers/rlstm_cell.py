@@ -158,9 +158,12 @@ class RLSTMCell(MogrifiedCell):
             weights["input_bias"] = weights["output_bias"] = None
         else:
             # (i, j, f) go with the projected input, o with the output gate.
-            weights["input_bias"], weights["output_bias"] = ops.split(
-                ops.cast(self.bias, dtype), [3 * self.units], axis=-1
-            )
+            # Sliced: `ops.split` at a list of indices reads them back from
+            # the device on PyTorch (a host sync every call, a graph break
+            # under `torch.compile`).
+            bias = ops.cast(self.bias, dtype)
+            weights["input_bias"] = bias[: 3 * self.units]
+            weights["output_bias"] = bias[3 * self.units:]
         return weights
 
     def prepare_sequence_weights(self, weights):

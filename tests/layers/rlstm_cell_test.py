@@ -5,6 +5,7 @@ import keras
 import keras_mogrifier as km
 
 import reference
+from testing import backend_specific
 from testing import to_numpy
 
 B, T, M, N = 3, 7, 5, 8
@@ -137,3 +138,19 @@ def test_chrono_like_every_cell_input_bias_is_minus_forget_bias():
     np.testing.assert_array_equal(b[:128], 0.0)
     assert b[128:192].min() >= 0.0 and b[128:192].std() > 0.3
     assert cell.get_config()["chrono_input_bias"] is False
+
+
+@backend_specific("torch", reason="torch.compile is PyTorch's compiler")
+def test_gate_weights_stay_in_a_torch_compile_graph():
+    # The bias's split into the input's (i, j, f) and the output gate's part
+    # is a slice: no value read back to the host, no graph break.
+    import torch
+
+    cell = km.RLSTMCell(4)
+    cell.build((None, 3))
+    cell.bias.assign(np.arange(16, dtype="float32"))
+    explanation = torch._dynamo.explain(cell.gate_weights)("float32")
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    weights = cell.gate_weights("float32")
+    np.testing.assert_array_equal(to_numpy(weights["input_bias"]), np.arange(12))
+    np.testing.assert_array_equal(to_numpy(weights["output_bias"]), np.arange(12, 16))
