@@ -49,21 +49,13 @@ def _sync():
 
 
 def _build(args, cell, dropout, jit_compile, optimizer=None):
+    """`benchmarks/backends.py`'s model, compiled again with `jit_compile`."""
     import keras
 
+    import backends
     from keras_mogrifier import IWAEDropoutLoss
-    from keras_mogrifier import LanguageModel
 
-    keras.utils.set_random_seed(0)
-    settings = {"cell": cell}
-    if cell.startswith("mogrifier"):
-        settings.update(mogrifier_rounds=5, mogrifier_rank=min(32, args.units))
-    model = LanguageModel(
-        args.vocabulary, units=args.units, num_layers=2, batch_size=args.batch,
-        input_dropout=dropout, state_dropout=dropout, output_dropout=dropout,
-        **settings,
-    )
-    model.build((args.batch, args.window))
+    model = backends._build(args, cell, dropout)
     model.compile(optimizer=optimizer or keras.optimizers.Adam(1e-3), loss=IWAEDropoutLoss(),
                   jit_compile=jit_compile)
     return model
@@ -162,7 +154,7 @@ def main():
                         help="seconds from the start after which no new item starts")
     args = parser.parse_args()
     if args.quick:
-        args.vocabulary, args.units, args.batch, args.window = 200, 16, 4, 6
+        args.vocabulary, args.units, args.batch, args.window = 200, 32, 4, 6
         args.train_steps, args.repeats, args.warmup_steps = 2, 1, 1
     import numpy as np
     import torch
